@@ -1,0 +1,137 @@
+/* g4: an inference engine for Google's Gemma 4 models.
+ *
+ * The public API. Handles are opaque; every fallible call returns a g4_status and, when given a
+ * g4_error, leaves a message there that names the file, tensor or field at fault. The library
+ * prints nothing and keeps no global mutable state: two models and any number of sessions may
+ * live in one process.
+ *
+ * Exactness contract: for one model and backend, the logits of a position are bitwise identical
+ * however the work was scheduled (one token at a time, in chunks of any size, with any number of
+ * threads).
+ */
+#ifndef G4_H
+#define G4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum g4_status {
+    G4_OK = 0,
+    G4_ERR_IO,           /* a file could not be opened, read or mapped */
+    G4_ERR_FORMAT,       /* a file's bytes are malformed (truncated, lying header, bad JSON) */
+    G4_ERR_CONFIG,       /* config.json is missing a field or describes an impossible model */
+    G4_ERR_TENSOR,       /* a needed tensor is missing or has the wrong dtype or shape */
+    G4_ERR_UNSUPPORTED,  /* well-formed but not something this engine runs */
+    G4_ERR_NOMEM,
+    G4_ERR_ARG,          /* the caller passed an invalid argument */
+    G4_ERR_CONTEXT_FULL, /* the session's context length would be exceeded */
+} g4_status;
+
+/* Where a failed call explains itself. Callers may pass NULL when they only want the status. */
+typedef struct g4_error {
+    g4_status code;
+    char message[1024];
+} g4_error;
+
+const char *g4_status_name(g4_status s);
+
+/* ---- Models ------------------------------------------------------------------------------ */
+
+typedef struct g4_model g4_model;
+
+typedef struct g4_model_options {
+    int reserved; /* zero-initialise; room for future options without breaking the ABI */
+} g4_model_options;
+
+/* path: a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded
+ * model.safetensors.index.json). Weights are memory-mapped, never copied wholesale. */
+g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out,
+                        g4_error *err);
+void g4_model_free(g4_model *m);
+
+typedef struct g4_model_info {
+    const char *arch;        /* "gemma4" or "gemma4_unified" */
+    int n_layers, hidden, n_heads, vocab;
+    int n_kv_shared;         /* KV-shared layers at the end of the stack */
+    int ple_width;           /* per-layer-input width P (0: none) */
+    int sliding_window;
+    int n_experts, top_k_experts; /* 0 when the model has no MoE block */
+    int bos, eos;
+    float embed_scale;       /* sqrt(H) rounded to the embedding table's dtype */
+    float final_softcap;     /* 0: none */
+    size_t weight_bytes;     /* bytes of tensors the forward reads */
+} g4_model_info;
+
+void g4_model_get_info(const g4_model *m, g4_model_info *info);
+
+/* Per-layer geometry as derived from config.json (layer types, head dims, KV sharing, MLP). */
+typedef struct g4_layer_info {
+    int is_full;       /* 1: full attention, 0: sliding window */
+    int head_dim;
+    int n_kv_heads;
+    int kv_source;     /* layer whose cache this layer reads (itself when not shared) */
+    int mlp_width;     /* dense MLP intermediate width */
+    int k_eq_v;        /* V is the raw K projection */
+} g4_layer_info;
+
+g4_status g4_model_get_layer(const g4_model *m, int layer, g4_layer_info *info);
+
+/* ---- Sessions: one sequence, its KV cache and scratch ---------------------------------- */
+
+typedef struct g4_session g4_session;
+
+typedef struct g4_session_options {
+    int n_ctx;      /* context length in tokens (0: 4096, capped by the model's maximum) */
+    int n_threads;  /* worker threads (0: all online CPUs) */
+    int max_batch;  /* most tokens one forward step computes at once (0: 64) */
+} g4_session_options;
+
+g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out,
+                            g4_error *err);
+void g4_session_free(g4_session *s);
+/* Forget every token: the next forward starts at position 0. */
+void g4_session_reset(g4_session *s);
+/* Tokens in the cache so far (the position of the next token). */
+int g4_session_pos(const g4_session *s);
+int g4_session_ctx(const g4_session *s);
+
+typedef enum g4_logits_mode {
+    G4_LOGITS_NONE = 0, /* only fill the cache */
+    G4_LOGITS_LAST = 1, /* logits[vocab] of the last token */
+    G4_LOGITS_ALL = 2,  /* logits[n][vocab], one row per token */
+} g4_logits_mode;
+
+/* Appends n tokens at the current position and runs the forward over them (internally in steps of
+ * at most max_batch tokens; the result does not depend on that split). */
+g4_status g4_session_forward(g4_session *s, const int32_t *tokens, int n, g4_logits_mode mode,
+                             float *logits, g4_error *err);
+
+/* Greedy decoding: prefill the prompt, then append up to max_new argmax tokens to out, stopping
+ * after a token listed in stop (may be NULL). *n_out receives the count. */
+g4_status g4_generate_greedy(g4_session *s, const int32_t *prompt, int n_prompt, int max_new,
+                             const int32_t *stop, int n_stop, int32_t *out, int *n_out,
+                             g4_error *err);
+
+/* ---- Debugging: named intermediates ------------------------------------------------------ */
+
+/* Called during forward for each named intermediate of each chosen position:
+ * name   "embed", "ple", "attn_norm", "q", "k", "v", "attn_out", "attn_post", "mlp_out",
+ *        "ffn_post", "layer_out" (the residual stream after the layer), "final_norm", "logits";
+ * layer  the layer index (-1 for whole-model steps); pos the absolute position;
+ * data   n floats, valid only during the call. */
+typedef void (*g4_dump_fn)(void *user, const char *name, int layer, int pos, const float *data,
+                           int n);
+
+/* positions: absolute positions to dump (NULL with n_positions = -1: every position).
+ * Pass fn = NULL to turn dumping off. */
+g4_status g4_session_set_dump(g4_session *s, g4_dump_fn fn, void *user, const int *positions,
+                              int n_positions);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

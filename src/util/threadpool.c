@@ -1,0 +1,143 @@
+#include "util/threadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "util/error.h"
+
+/* Workers spin briefly on a generation counter (a decode step issues hundreds of small loops per
+ * token, so a futex wake-up per loop would cost more than the loop), then sleep on a condition
+ * variable. */
+enum { SPIN_ITERS = 20000 };
+
+struct g4_threadpool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_uint gen;     /* bumped for each job */
+    atomic_int pending;  /* workers (excluding the caller) still running the current job */
+    atomic_int stop;
+    /* the current job */
+    g4_range_fn fn;
+    void *ctx;
+    int count, align;
+};
+
+typedef struct {
+    g4_threadpool *p;
+    int tid;
+} worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void run_share(g4_threadpool *p, int tid) {
+    int n = p->count, a = p->align, t = p->n;
+    int blocks = (n + a - 1) / a;
+    int b0 = (int)((long)blocks * tid / t), b1 = (int)((long)blocks * (tid + 1) / t);
+    int begin = b0 * a, end = b1 * a < n ? b1 * a : n;
+    if (begin < end) p->fn(p->ctx, begin, end, tid);
+}
+
+static void *worker_main(void *argp) {
+    worker_arg *arg = argp;
+    g4_threadpool *p = arg->p;
+    int tid = arg->tid;
+    free(arg);
+    unsigned seen = atomic_load(&p->gen);
+    for (;;) {
+        unsigned g;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+               !atomic_load(&p->stop)) {
+            if (++spins < SPIN_ITERS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = g;
+        run_share(p, tid);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+    }
+}
+
+g4_status g4_threadpool_create(int n_threads, g4_threadpool **out, g4_error *err) {
+    *out = NULL;
+    if (n_threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = c > 0 ? (int)c : 1;
+    }
+    if (n_threads > 256) return g4_fail(err, G4_ERR_ARG, "thread count %d is above 256", n_threads);
+    g4_threadpool *p = calloc(1, sizeof *p);
+    if (!p) return g4_fail(err, G4_ERR_NOMEM, "out of memory creating thread pool");
+    p->n = n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+    if (!p->threads) {
+        g4_threadpool_free(p);
+        return g4_fail(err, G4_ERR_NOMEM, "out of memory creating thread pool");
+    }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *a = malloc(sizeof *a);
+        if (a) {
+            a->p = p;
+            a->tid = i;
+        }
+        if (!a || pthread_create(&p->threads[i], NULL, worker_main, a) != 0) {
+            free(a);
+            p->n = i; /* only threads 1..i-1 exist */
+            g4_threadpool_free(p);
+            return g4_fail(err, G4_ERR_NOMEM, "cannot start worker thread %d", i);
+        }
+    }
+    *out = p;
+    return G4_OK;
+}
+
+void g4_threadpool_free(g4_threadpool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    if (p->threads)
+        for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+int g4_threadpool_size(const g4_threadpool *p) { return p->n; }
+
+void g4_parallel_for(g4_threadpool *p, int n, int align, g4_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (align < 1) align = 1;
+    if (p->n == 1 || n <= align) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->count = n;
+    p->align = align;
+    atomic_store(&p->pending, p->n - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    run_share(p, 0);
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+}
