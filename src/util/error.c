@@ -32,14 +32,22 @@ g4_status g4_fail(g4_error *err, g4_status code, const char *fmt, ...) {
 
 g4_status g4_fail_prefix(g4_error *err, g4_status code, const char *fmt, ...) {
     if (err) {
-        char prefix[512], old[sizeof err->message];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(prefix, sizeof prefix, fmt, ap);
-        va_end(ap);
+        char old[sizeof err->message];
         memcpy(old, err->message, sizeof old);
         old[sizeof old - 1] = 0;
-        snprintf(err->message, sizeof err->message, "%s: %s", prefix, old);
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        size_t at = n < 0 ? 0 : (size_t)n;
+        if (at + 2 < sizeof err->message) {
+            memcpy(err->message + at, ": ", 2);
+            at += 2;
+            size_t room = sizeof err->message - 1 - at, len = strlen(old);
+            if (len > room) len = room;
+            memcpy(err->message + at, old, len);
+            err->message[at + len] = 0;
+        }
         err->code = code;
     }
     return code;
