@@ -1,0 +1,469 @@
+/* The Gemma 4 forward pass: a named step per line of the model doc (docs/gemma4-model.md §3).
+ * Differences between sizes come from the config (layer types, head dims, sharing, MoE, PLE). */
+#include "model/forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/error.h"
+
+/* ---- run state ------------------------------------------------------------------------------ */
+
+static void *zalloc(size_t n, int *fail) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) *fail = 1;
+    return p;
+}
+
+g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads,
+                        g4_error *err) {
+    memset(s, 0, sizeof *s);
+    const g4_config *c = &m->cfg;
+    int L = c->n_layers, H = c->hidden, B = max_batch, fail = 0;
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->max_batch = B;
+    s->n_threads = n_threads;
+    s->n_dump_pos = 0;
+    int maxd = 0, maxkv = 0, maxI = c->moe ? 2 * c->moe_width : 0;
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *l = &c->layers[i];
+        if (l->head_dim > maxd) maxd = l->head_dim;
+        if (l->n_kv_heads * l->head_dim > maxkv) maxkv = l->n_kv_heads * l->head_dim;
+        if (l->mlp_width > maxI) maxI = l->mlp_width;
+    }
+    size_t nq = (size_t)c->n_heads * maxd, f = sizeof(float);
+    s->k_cache = zalloc(sizeof(float *) * L, &fail);
+    s->v_cache = zalloc(sizeof(float *) * L, &fail);
+    s->k_stage = zalloc(sizeof(float *) * L, &fail);
+    s->v_stage = zalloc(sizeof(float *) * L, &fail);
+    s->cache_cap = zalloc(sizeof(int) * L, &fail);
+    s->layer_rope = zalloc(sizeof(int) * L, &fail);
+    if (fail) goto oom;
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *l = &c->layers[i];
+        /* RoPE kinds: a handful of (d, R, theta) triples shared by many layers */
+        int r = 0;
+        while (r < s->n_rope && !(s->rope[r].head_dim == l->head_dim && s->rope[r].pairs == l->rope_pairs &&
+                                   s->rope[r].theta == l->rope_theta))
+            r++;
+        if (r == s->n_rope) {
+            if (r == 8) {
+                g4_state_free(s);
+                return g4_fail(err, G4_ERR_UNSUPPORTED, "more than 8 distinct RoPE configurations");
+            }
+            s->rope[r] = (g4_rope_kind){l->head_dim, l->rope_pairs, l->rope_theta};
+            s->n_rope++;
+        }
+        s->layer_rope[i] = r;
+        if (l->head_dim / 2 > s->max_half) s->max_half = l->head_dim / 2;
+        if (l->kv_source != i) continue;
+        size_t row = (size_t)l->n_kv_heads * l->head_dim;
+        int cap = l->is_full ? n_ctx : (c->sliding_window < n_ctx ? c->sliding_window : n_ctx);
+        s->cache_cap[i] = cap;
+        s->k_cache[i] = zalloc(row * cap * f, &fail);
+        s->v_cache[i] = zalloc(row * cap * f, &fail);
+        s->k_stage[i] = zalloc(row * B * f, &fail);
+        s->v_stage[i] = zalloc(row * B * f, &fail);
+    }
+    int P = c->ple_width;
+    s->x = zalloc((size_t)B * H * f, &fail);
+    s->a = zalloc((size_t)B * H * f, &fail);
+    s->t = zalloc((size_t)B * H * f, &fail);
+    s->ffn = zalloc((size_t)B * H * f, &fail);
+    s->q = zalloc((size_t)B * nq * f, &fail);
+    s->att = zalloc((size_t)B * nq * f, &fail);
+    s->kv = zalloc((size_t)B * maxkv * f, &fail);
+    s->gate = zalloc((size_t)B * maxI * f, &fail);
+    s->up = zalloc((size_t)B * maxI * f, &fail);
+    s->scores = zalloc((size_t)n_threads * n_ctx * f, &fail);
+    s->rope_cs = zalloc((size_t)B * s->n_rope * 2 * s->max_half * f, &fail);
+    if (P) {
+        s->ple = zalloc((size_t)B * L * P * f, &fail);
+        s->ple_tmp = zalloc((size_t)B * (L * P > H ? L * P : H) * f, &fail);
+    }
+    if (c->moe) {
+        int E = c->n_experts, K = c->top_k_experts;
+        s->router_p = zalloc((size_t)B * E * f, &fail);
+        s->top_e = zalloc((size_t)B * K * sizeof(int), &fail);
+        s->top_w = zalloc((size_t)B * K * f, &fail);
+        s->x2 = zalloc((size_t)B * H * f, &fail);
+        s->ex_in = zalloc((size_t)B * H * f, &fail);
+        s->ex_gu = zalloc((size_t)B * 2 * c->moe_width * f, &fail);
+        s->ex_out = zalloc((size_t)B * H * f, &fail);
+        s->ex_res = zalloc((size_t)B * K * H * f, &fail);
+        s->ex_tok = zalloc((size_t)B * K * sizeof(int), &fail);
+    }
+    if (fail) goto oom;
+    return G4_OK;
+oom:
+    g4_state_free(s);
+    return g4_fail(err, G4_ERR_NOMEM, "out of memory allocating the KV cache and scratch for %d tokens",
+                   n_ctx);
+}
+
+void g4_state_free(g4_state *s) {
+    if (s->m && s->k_cache)
+        for (int i = 0; i < s->m->cfg.n_layers; i++) {
+            free(s->k_cache[i]);
+            free(s->v_cache[i]);
+            free(s->k_stage[i]);
+            free(s->v_stage[i]);
+        }
+    free(s->k_cache); free(s->v_cache); free(s->k_stage); free(s->v_stage);
+    free(s->cache_cap); free(s->layer_rope);
+    free(s->x); free(s->a); free(s->t); free(s->ffn); free(s->q); free(s->att); free(s->kv);
+    free(s->gate); free(s->up); free(s->scores); free(s->rope_cs); free(s->ple); free(s->ple_tmp);
+    free(s->router_p); free(s->top_e); free(s->top_w); free(s->x2); free(s->ex_in); free(s->ex_gu);
+    free(s->ex_out); free(s->ex_res); free(s->ex_tok);
+    free(s->dump_pos);
+    memset(s, 0, sizeof *s);
+}
+
+void g4_state_commit(g4_state *s, int n) {
+    const g4_config *c = &s->m->cfg;
+    if (n > s->n_staged) n = s->n_staged;
+    for (int i = 0; i < c->n_layers; i++) {
+        if (!s->k_cache[i]) continue;
+        size_t row = (size_t)c->layers[i].n_kv_heads * c->layers[i].head_dim;
+        for (int r = 0; r < n; r++) {
+            size_t slot = (size_t)((s->stage_pos + r) % s->cache_cap[i]);
+            memcpy(s->k_cache[i] + slot * row, s->k_stage[i] + (size_t)r * row, row * sizeof(float));
+            memcpy(s->v_cache[i] + slot * row, s->v_stage[i] + (size_t)r * row, row * sizeof(float));
+        }
+    }
+    s->pos = s->stage_pos + n;
+    s->n_staged = 0;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static void dump(const g4_state *s, const char *name, int layer, int m, const float *data, int n) {
+    if (!s->dump) return;
+    int pos = s->stage_pos + m;
+    int hit = s->n_dump_pos < 0;
+    for (int i = 0; i < s->n_dump_pos && !hit; i++) hit = s->dump_pos[i] == pos;
+    if (hit) s->dump(s->dump_user, name, layer, pos, data, n);
+}
+
+static void dump_rows(const g4_state *s, const char *name, int layer, int M, const float *data, int n,
+                      int ld) {
+    if (!s->dump) return;
+    for (int m = 0; m < M; m++) dump(s, name, layer, m, data + (size_t)m * ld, n);
+}
+
+/* K/V row of absolute position j for layer `src`: staged rows first, else the cache. */
+static inline const float *kv_row(const g4_state *s, float *const *stage, float *const *cache, int src,
+                                  int j, size_t row) {
+    if (j >= s->stage_pos) return stage[src] + (size_t)(j - s->stage_pos) * row;
+    return cache[src] + (size_t)(j % s->cache_cap[src]) * row;
+}
+
+typedef struct {
+    g4_state *s;
+    int layer, src, M;
+} attn_job;
+
+/* One (token, head) pair per item: scores over the visible keys in ascending position order,
+ * softmax, weighted sum of V. Scale 1.0 (q and k are RMS-normed). */
+static void attention_range(void *ctx, int i0, int i1, int tid) {
+    const attn_job *j = ctx;
+    g4_state *s = j->s;
+    const g4_config *c = &s->m->cfg;
+    const g4_layer_config *l = &c->layers[j->layer];
+    int nH = c->n_heads, d = l->head_dim, group = nH / l->n_kv_heads;
+    size_t row = (size_t)l->n_kv_heads * d, nq = (size_t)nH * d;
+    float *sc = s->scores + (size_t)tid * s->n_ctx;
+    for (int it = i0; it < i1; it++) {
+        int m = it / nH, h = it % nH, p = s->stage_pos + m;
+        int lo = l->is_full ? 0 : (p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0);
+        const float *qv = s->q + (size_t)m * nq + (size_t)h * d;
+        size_t off = (size_t)(h / group) * d;
+        float mx = -INFINITY;
+        for (int k = lo; k <= p; k++) {
+            float v = g4_dot_f32(qv, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off, d);
+            sc[k - lo] = v;
+            if (v > mx) mx = v;
+        }
+        float sum = 0;
+        for (int k = lo; k <= p; k++) {
+            sc[k - lo] = expf(sc[k - lo] - mx);
+            sum += sc[k - lo];
+        }
+        float *out = s->att + (size_t)m * nq + (size_t)h * d;
+        memset(out, 0, sizeof(float) * d);
+        for (int k = lo; k <= p; k++) {
+            float pk = sc[k - lo] / sum;
+            const float *vr = kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off;
+            for (int e = 0; e < d; e++) out[e] += pk * vr[e];
+        }
+    }
+}
+
+static void rope_apply(const g4_state *s, float *x, int m, int kind) {
+    const g4_rope_kind *r = &s->rope[kind];
+    const float *cs = s->rope_cs + ((size_t)m * s->n_rope + kind) * 2 * s->max_half;
+    const float *cosv = cs, *sinv = cs + s->max_half;
+    int half = r->head_dim / 2;
+    for (int i = 0; i < r->pairs; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cosv[i] - b * sinv[i];
+        x[i + half] = b * cosv[i] + a * sinv[i];
+    }
+}
+
+/* gelu_tanh(gate) ⊙ up, in place into gate */
+static void gelu_mul(float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) gate[i] = g4_gelu_tanh(gate[i]) * up[i];
+}
+
+/* Dense MLP of width I over rows of `in` (already normed) into out [M][H]. */
+static void mlp(g4_state *s, g4_threadpool *pool, const g4_mat *gate, const g4_mat *up, const g4_mat *down,
+                const float *in, int M, float *out) {
+    int I = gate->rows, H = s->m->cfg.hidden;
+    g4_matmul(pool, gate, in, M, s->gate, I);
+    g4_matmul(pool, up, in, M, s->up, I);
+    gelu_mul(s->gate, s->up, (size_t)M * I);
+    g4_matmul(pool, down, s->gate, M, out, H);
+}
+
+/* The MoE block's expert half: route each token to its top-k experts, run each expert once over
+ * all tokens routed to it, and sum per token in rank order (so a token's result does not depend
+ * on which other tokens share the block). Writes the un-normed expert sum into out [M][H]. */
+static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights *w, const float *r, int M,
+                        float *out) {
+    const g4_config *c = &s->m->cfg;
+    int H = c->hidden, E = c->n_experts, K = c->top_k_experts, Im = c->moe_width;
+    /* router: z = rms(r) · H^-½ · scale; p = softmax(z · projᵀ) */
+    float hs = 1.0f / sqrtf((float)H);
+    for (int m = 0; m < M; m++) {
+        float *z = s->a + (size_t)m * H;
+        g4_rmsnorm(z, r + (size_t)m * H, NULL, H, c->rms_eps);
+        for (int i = 0; i < H; i++) z[i] = z[i] * hs * w->router_scale[i];
+    }
+    g4_matmul(pool, &w->router, s->a, M, s->router_p, E);
+    for (int m = 0; m < M; m++) {
+        float *p = s->router_p + (size_t)m * E, mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        int *top = s->top_e + (size_t)m * K;
+        float *tw = s->top_w + (size_t)m * K, tsum = 0;
+        for (int k = 0; k < K; k++) { /* selection: largest first, lower index on ties */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < k && !taken; q++) taken = top[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            top[k] = best;
+            tsum += p[best];
+        }
+        for (int k = 0; k < K; k++) tw[k] = p[top[k]] / tsum * w->expert_scale[top[k]];
+    }
+    for (int m = 0; m < M; m++)
+        g4_rmsnorm(s->x2 + (size_t)m * H, r + (size_t)m * H, w->pre_ffn_norm2, H, c->rms_eps);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < M * K; t++)
+            if (s->top_e[t] == e) s->ex_tok[n++] = t;
+        if (!n) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(s->ex_in + (size_t)i * H, s->x2 + (size_t)(s->ex_tok[i] / K) * H, sizeof(float) * H);
+        g4_mat gu = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, 2 * Im);
+        g4_mat dn = g4_mat_rows(&w->experts_down, e * H, H);
+        g4_matmul(pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
+        for (int i = 0; i < n; i++) {
+            float *g = s->ex_gu + (size_t)i * 2 * Im;
+            gelu_mul(g, g + Im, (size_t)Im);
+            if (i) memmove(s->ex_gu + (size_t)i * Im, g, sizeof(float) * Im); /* pack to [n][Im] */
+        }
+        g4_matmul(pool, &dn, s->ex_gu, n, s->ex_out, H);
+        for (int i = 0; i < n; i++)
+            memcpy(s->ex_res + (size_t)s->ex_tok[i] * H, s->ex_out + (size_t)i * H, sizeof(float) * H);
+    }
+    for (int m = 0; m < M; m++) {
+        float *o = out + (size_t)m * H;
+        memset(o, 0, sizeof(float) * H);
+        for (int k = 0; k < K; k++) {
+            const float *res = s->ex_res + ((size_t)m * K + k) * H;
+            float wk = s->top_w[(size_t)m * K + k];
+            for (int i = 0; i < H; i++) o[i] += wk * res[i];
+        }
+    }
+}
+
+typedef struct {
+    float *logits;
+    int n;
+    float cap;
+} softcap_job;
+
+static void softcap_range(void *ctx, int i0, int i1, int tid) {
+    (void)tid;
+    const softcap_job *j = ctx;
+    for (int i = i0; i < i1; i++) j->logits[i] = j->cap * tanhf(j->logits[i] / j->cap);
+}
+
+/* ---- the forward ---------------------------------------------------------------------------- */
+
+g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, int M, float *logits,
+                     int all_logits, g4_error *err) {
+    const g4_model *md = s->m;
+    const g4_config *c = &md->cfg;
+    int H = c->hidden, L = c->n_layers, nH = c->n_heads, P = c->ple_width;
+    if (M <= 0 || M > s->max_batch)
+        return g4_fail(err, G4_ERR_ARG, "forward of %d tokens (1..%d allowed per step)", M, s->max_batch);
+    if (s->pos + M > s->n_ctx)
+        return g4_fail(err, G4_ERR_CONTEXT_FULL,
+                       "context full: %d tokens in the cache + %d new exceed the context length %d",
+                       s->pos, M, s->n_ctx);
+    for (int m = 0; m < M; m++)
+        if (tokens[m] < 0 || tokens[m] >= c->vocab || (P && tokens[m] >= c->ple_vocab))
+            return g4_fail(err, G4_ERR_ARG, "token id %d at index %d is outside the vocabulary (%d)",
+                           tokens[m], m, c->vocab);
+    s->stage_pos = s->pos;
+    s->n_staged = M;
+
+    /* RoPE angles for this block, per kind: inv_freq[i] = theta^(-2i/d) over the full d */
+    for (int m = 0; m < M; m++)
+        for (int r = 0; r < s->n_rope; r++) {
+            float *cs = s->rope_cs + ((size_t)m * s->n_rope + r) * 2 * s->max_half;
+            for (int i = 0; i < s->rope[r].pairs; i++) {
+                double ang = (double)(s->stage_pos + m) * pow((double)s->rope[r].theta, -2.0 * i / s->rope[r].head_dim);
+                cs[i] = (float)cos(ang);
+                cs[s->max_half + i] = (float)sin(ang);
+            }
+        }
+
+    /* embed: x0 = E[token] · s (s rounded to the table's dtype) */
+    float *x = s->x;
+    for (int m = 0; m < M; m++) {
+        float *row = x + (size_t)m * H;
+        g4_mat_row_f32(&md->embed, tokens[m], row);
+        for (int i = 0; i < H; i++) row[i] *= md->embed_scale;
+    }
+    dump_rows(s, "embed", -1, M, x, H, H);
+
+    /* per-layer inputs: ple[l] = (rms_w(norm)((x0 · projᵀ)[l] · H^-½) + E_ple[token][l] · √P) · 2^-½ */
+    if (P) {
+        int LP = L * P;
+        g4_matmul(pool, &md->ple_model_proj, x, M, s->ple, LP);
+        float hs = 1.0f / sqrtf((float)H), r2 = 1.0f / sqrtf(2.0f);
+        for (int m = 0; m < M; m++) {
+            float *pm = s->ple + (size_t)m * LP, *tok = s->ple_tmp;
+            g4_mat_row_f32(&md->ple_embed, tokens[m], tok);
+            for (int l = 0; l < L; l++) {
+                float *pl = pm + (size_t)l * P;
+                for (int i = 0; i < P; i++) pl[i] *= hs;
+                g4_rmsnorm(pl, pl, md->ple_proj_norm, P, c->rms_eps);
+                for (int i = 0; i < P; i++) pl[i] = (pl[i] + tok[l * P + i] * md->ple_embed_scale) * r2;
+            }
+            dump(s, "ple", -1, m, pm, LP);
+        }
+    }
+
+    for (int li = 0; li < L; li++) {
+        const g4_layer_config *lc = &c->layers[li];
+        const g4_layer_weights *w = &md->layers[li];
+        int d = lc->head_dim, nq = nH * d, nkv = lc->n_kv_heads * d, src = lc->kv_source;
+        int rk = s->layer_rope[li];
+
+        /* input_layernorm, q_proj, q_norm, rope */
+        for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->attn_norm, H, c->rms_eps);
+        dump_rows(s, "attn_norm", li, M, s->a, H, H);
+        g4_matmul(pool, &w->wq, s->a, M, s->q, nq);
+        for (int m = 0; m < M; m++)
+            for (int h = 0; h < nH; h++) {
+                float *qh = s->q + (size_t)m * nq + (size_t)h * d;
+                g4_rmsnorm(qh, qh, w->q_norm, d, c->rms_eps);
+                rope_apply(s, qh, m, rk);
+            }
+        dump_rows(s, "q", li, M, s->q, nq, nq);
+
+        /* k/v for this block into staging (KV-shared layers read their source's) */
+        if (src == li) {
+            float *ks = s->k_stage[li], *vs = s->v_stage[li];
+            g4_matmul(pool, &w->wk, s->a, M, ks, nkv);
+            if (lc->k_eq_v) memcpy(vs, ks, sizeof(float) * (size_t)M * nkv); /* raw k, before k_norm/rope */
+            else g4_matmul(pool, &w->wv, s->a, M, vs, nkv);
+            for (int m = 0; m < M; m++)
+                for (int h = 0; h < lc->n_kv_heads; h++) {
+                    float *kh = ks + (size_t)m * nkv + (size_t)h * d, *vh = vs + (size_t)m * nkv + (size_t)h * d;
+                    g4_rmsnorm(kh, kh, w->k_norm, d, c->rms_eps);
+                    rope_apply(s, kh, m, rk);
+                    g4_rmsnorm(vh, vh, NULL, d, c->rms_eps);
+                }
+            dump_rows(s, "k", li, M, ks, nkv, nkv);
+            dump_rows(s, "v", li, M, vs, nkv, nkv);
+        }
+
+        /* attention, o_proj, post_attention_layernorm, residual */
+        attn_job aj = {s, li, src, M};
+        g4_parallel_for(pool, M * nH, 1, attention_range, &aj);
+        dump_rows(s, "attn_out", li, M, s->att, nq, nq);
+        g4_matmul(pool, &w->wo, s->att, M, s->t, H);
+        for (int m = 0; m < M; m++) {
+            float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
+            g4_rmsnorm(t, t, w->post_attn_norm, H, c->rms_eps);
+            for (int i = 0; i < H; i++) xm[i] += t[i];
+        }
+        dump_rows(s, "attn_post", li, M, x, H, H);
+
+        /* feed-forward: dense MLP, plus the expert half on MoE layers */
+        for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->pre_ffn_norm, H, c->rms_eps);
+        mlp(s, pool, &w->gate, &w->up, &w->down, s->a, M, s->ffn);
+        if (c->moe) {
+            for (int m = 0; m < M; m++) {
+                float *f = s->ffn + (size_t)m * H;
+                g4_rmsnorm(f, f, w->post_ffn_norm1, H, c->rms_eps);
+            }
+            moe_experts(s, pool, w, x, M, s->t);
+            for (int m = 0; m < M; m++) {
+                float *f = s->ffn + (size_t)m * H, *e = s->t + (size_t)m * H;
+                g4_rmsnorm(e, e, w->post_ffn_norm2, H, c->rms_eps);
+                for (int i = 0; i < H; i++) f[i] += e[i];
+            }
+        }
+        dump_rows(s, "mlp_out", li, M, s->ffn, H, H);
+        for (int m = 0; m < M; m++) {
+            float *f = s->ffn + (size_t)m * H, *xm = x + (size_t)m * H;
+            g4_rmsnorm(f, f, w->post_ffn_norm, H, c->rms_eps);
+            for (int i = 0; i < H; i++) xm[i] += f[i];
+        }
+        dump_rows(s, "ffn_post", li, M, x, H, H);
+
+        /* per-layer input: h += rms_w(norm)((gelu(h · gateᵀ) ⊙ ple[l]) · projᵀ) */
+        if (P) {
+            g4_matmul(pool, &w->ple_gate, x, M, s->ple_tmp, P);
+            for (int m = 0; m < M; m++) {
+                float *g = s->ple_tmp + (size_t)m * P;
+                const float *pl = s->ple + ((size_t)m * L + li) * P;
+                for (int i = 0; i < P; i++) g[i] = g4_gelu_tanh(g[i]) * pl[i];
+            }
+            g4_matmul(pool, &w->ple_proj, s->ple_tmp, M, s->t, H);
+            for (int m = 0; m < M; m++) {
+                float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
+                g4_rmsnorm(t, t, w->post_ple_norm, H, c->rms_eps);
+                for (int i = 0; i < H; i++) xm[i] += t[i];
+            }
+        }
+        for (size_t i = 0; i < (size_t)M * H; i++) x[i] *= w->layer_scalar;
+        dump_rows(s, "layer_out", li, M, x, H, H);
+    }
+
+    /* final norm, tied LM head (unscaled table), softcap */
+    for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, md->final_norm, H, c->rms_eps);
+    dump_rows(s, "final_norm", -1, M, s->a, H, H);
+    if (logits) {
+        int first = all_logits ? 0 : M - 1, n = M - first, V = c->vocab;
+        g4_matmul(pool, &md->embed, s->a + (size_t)first * H, n, logits, V);
+        if (c->final_softcap > 0) {
+            softcap_job sj = {logits, n * V, c->final_softcap};
+            g4_parallel_for(pool, n * V, 1024, softcap_range, &sj);
+        }
+        for (int i = 0; i < n; i++) dump(s, "logits", -1, first + i, logits + (size_t)i * V, V);
+    }
+    return G4_OK;
+}

@@ -1,0 +1,58 @@
+/* The Gemma 4 forward pass over a block of M consecutive tokens, and the run state it needs.
+ *
+ * K/V of the block go to per-layer staging rows first; attention reads cached positions from the
+ * cache and the block's own positions from staging, always in ascending position order, so a
+ * position's result does not depend on the block size. g4_state_commit() then copies the first n
+ * staged rows into the cache (all of them for prefill; the accepted ones after a verify block).
+ * Sliding-window layers keep a ring of W rows, full layers a row per position. */
+#ifndef G4_MODEL_FORWARD_H
+#define G4_MODEL_FORWARD_H
+#include "g4.h"
+#include "model/model.h"
+#include "util/threadpool.h"
+
+typedef struct g4_rope_kind {
+    int head_dim, pairs;
+    float theta;
+} g4_rope_kind;
+
+typedef struct g4_state {
+    const g4_model *m;
+    int n_ctx, max_batch, n_threads;
+    int pos;                    /* committed positions */
+    /* per layer; NULL for KV-shared layers */
+    float **k_cache, **v_cache; /* [cap][nKV·d] */
+    int *cache_cap;             /* ring length (sliding) or n_ctx (full) */
+    float **k_stage, **v_stage; /* [max_batch][nKV·d] */
+    int stage_pos, n_staged;    /* staging holds positions [stage_pos, stage_pos + n_staged) */
+    /* activations, [max_batch][...] */
+    float *x, *a, *q, *kv, *att, *t, *ffn, *gate, *up, *ple, *ple_tmp;
+    float *scores;              /* [n_threads][n_ctx] */
+    int n_rope;                 /* distinct RoPE kinds */
+    g4_rope_kind rope[8];
+    int *layer_rope;            /* [L] index into rope */
+    float *rope_cs;             /* [max_batch][n_rope][2][max_half] cos, sin */
+    int max_half;
+    /* MoE */
+    float *router_p;            /* [max_batch][E] */
+    int *top_e;                 /* [max_batch][top_k] */
+    float *top_w;               /* [max_batch][top_k] */
+    float *x2, *ex_in, *ex_gu, *ex_out, *ex_res; /* expert scratch */
+    int *ex_tok;
+    /* debugging */
+    g4_dump_fn dump;
+    void *dump_user;
+    int *dump_pos, n_dump_pos;  /* n_dump_pos < 0: every position */
+} g4_state;
+
+g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads,
+                        g4_error *err);
+void g4_state_free(g4_state *s);
+
+/* Runs M <= max_batch tokens at positions pos, pos+1, ... into staging (does not commit).
+ * logits: NULL, or [M][V] when all_logits, else [V] for the last token. */
+g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, int M, float *logits,
+                     int all_logits, g4_error *err);
+/* Makes the first n staged positions part of the cache; drops the rest. */
+void g4_state_commit(g4_state *s, int n);
+#endif

@@ -1,0 +1,50 @@
+/* The loaded Gemma 4 model: config plus every weight the forward reads, bound by name and checked
+ * for dtype and shape. Big matrices point into the memory-mapped checkpoint; norm vectors and
+ * scalars (a few KB per layer) are converted to float once. */
+#ifndef G4_MODEL_MODEL_H
+#define G4_MODEL_MODEL_H
+#include "cpu/kernels.h"
+#include "formats/safetensors.h"
+#include "model/config.h"
+
+typedef struct g4_layer_weights {
+    const float *attn_norm, *post_attn_norm;  /* [H] */
+    const float *pre_ffn_norm, *post_ffn_norm; /* [H] */
+    g4_mat wq;                  /* [nH·d, H] */
+    g4_mat wk, wv;              /* [nKV·d, H]; unused on KV-shared layers; wv unused when K=V */
+    g4_mat wo;                  /* [H, nH·d] */
+    const float *q_norm, *k_norm; /* [d] */
+    g4_mat gate, up, down;      /* [I, H], [I, H], [H, I] */
+    /* MoE (26B-A4B) */
+    g4_mat router;              /* [E, H] */
+    const float *router_scale;  /* [H] */
+    const float *expert_scale;  /* [E] */
+    g4_mat experts_gate_up;     /* [E·2·I_moe, H]: expert e's gate rows then up rows */
+    g4_mat experts_down;        /* [E·H, I_moe] */
+    const float *pre_ffn_norm2, *post_ffn_norm1, *post_ffn_norm2; /* [H] */
+    /* per-layer inputs (E2B, E4B) */
+    g4_mat ple_gate;            /* [P, H] */
+    g4_mat ple_proj;            /* [H, P] */
+    const float *post_ple_norm; /* [H] */
+    float layer_scalar;
+} g4_layer_weights;
+
+struct g4_model {
+    g4_config cfg;
+    g4_st_archive st;
+    char *path;
+    g4_mat embed;               /* [V, H], also the tied LM head */
+    float embed_scale;          /* sqrt(H) rounded to embed's dtype */
+    const float *final_norm;    /* [H] */
+    g4_mat ple_embed;           /* [V_ple, L·P] */
+    float ple_embed_scale;      /* sqrt(P) rounded to the table's dtype */
+    g4_mat ple_model_proj;      /* [L·P, H] */
+    const float *ple_proj_norm; /* [P] */
+    g4_layer_weights *layers;   /* [L] */
+    float *arena;               /* owns every converted vector above */
+    size_t weight_bytes;
+};
+
+/* Binds and checks every weight (used by g4_model_load). */
+g4_status g4_model_bind(struct g4_model *m, g4_error *err);
+#endif
