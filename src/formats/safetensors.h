@@ -55,3 +55,21 @@ void g4_st_close(g4_st_archive *a);
 const g4_st_tensor *g4_st_find(const g4_st_archive *a, const char *name);
 int64_t g4_st_numel(const g4_st_tensor *t);
 #endif
+
+/* ---- writing ------------------------------------------------------------------------------- */
+
+/* A safetensors writer: declare every tensor first (the header precedes the data), then write
+ * each tensor's bytes in declaration order, so large models stream to disk. */
+typedef struct g4_st_writer g4_st_writer;
+
+g4_status g4_st_writer_create(const char *path, g4_st_writer **out, g4_error *err);
+g4_status g4_st_writer_declare(g4_st_writer *w, const char *name, g4_dtype dtype, int ndim,
+                               const int64_t *shape, g4_error *err);
+/* Writes the header; call once after the last declare. */
+g4_status g4_st_writer_begin_data(g4_st_writer *w, g4_error *err);
+/* Appends bytes of the current tensor; a tensor is complete once its full size was written. */
+g4_status g4_st_writer_write(g4_st_writer *w, const void *data, size_t n, g4_error *err);
+/* Checks every declared byte was written, closes the file, frees w (also on error). */
+g4_status g4_st_writer_finish(g4_st_writer *w, g4_error *err);
+/* Frees without finishing (the file is left incomplete). */
+void g4_st_writer_abort(g4_st_writer *w);

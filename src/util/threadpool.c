@@ -50,7 +50,7 @@ static void *worker_main(void *argp) {
     g4_threadpool *p = arg->p;
     int tid = arg->tid;
     free(arg);
-    unsigned seen = atomic_load(&p->gen);
+    unsigned seen = 0; /* the generation at creation: a job posted before this thread ran is not missed */
     for (;;) {
         unsigned g;
         int spins = 0;

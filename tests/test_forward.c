@@ -1,0 +1,174 @@
+/* The exactness contract on the fixture models: logits are bitwise identical for any chunking of
+ * the prompt and any thread count; greedy generation through the API reproduces the reference. */
+#include <cjson/cJSON.h>
+
+#include "g4.h"
+#include "test_util.h"
+
+static const char *models[] = {"e2b-mini", "e4b-mini", "moe-mini", "dense-mini", "unified-mini"};
+
+typedef struct {
+    int32_t *tokens, *gprompt, *gtokens;
+    int n_tok, n_gp, n_gt;
+} reference;
+
+static int32_t *ints(const cJSON *a, int *n) {
+    assert_true(cJSON_IsArray(a));
+    *n = cJSON_GetArraySize(a);
+    int32_t *v = malloc(sizeof(int32_t) * (size_t)*n);
+    int i = 0;
+    for (const cJSON *e = a->child; e; e = e->next) v[i++] = (int32_t)e->valueint;
+    return v;
+}
+
+static void load_reference(const char *name, reference *r) {
+    char rel[256], path[1024];
+    snprintf(rel, sizeof rel, "gemma4/%s/reference.json", name);
+    char *text = test_read_file(test_fixture_path(path, sizeof path, rel), NULL);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    r->tokens = ints(cJSON_GetObjectItem(j, "tokens"), &r->n_tok);
+    r->gprompt = ints(cJSON_GetObjectItem(j, "greedy_prompt"), &r->n_gp);
+    r->gtokens = ints(cJSON_GetObjectItem(j, "greedy_tokens"), &r->n_gt);
+    cJSON_Delete(j);
+}
+
+static void free_reference(reference *r) {
+    free(r->tokens);
+    free(r->gprompt);
+    free(r->gtokens);
+}
+
+static g4_model *load_model(const char *name) {
+    char rel[256], path[1024];
+    snprintf(rel, sizeof rel, "gemma4/%s", name);
+    g4_model *m = NULL;
+    g4_error err = {0};
+    if (g4_model_load(test_fixture_path(path, sizeof path, rel), NULL, &m, &err)) fail_msg("%s", err.message);
+    return m;
+}
+
+/* All logits of the reference tokens, fed in caller-side pieces of `chunk` tokens. */
+static float *run_chunked(g4_model *m, const reference *r, int chunk, int threads, int max_batch) {
+    g4_model_info info;
+    g4_model_get_info(m, &info);
+    g4_session_options o = {.n_ctx = 128, .n_threads = threads, .max_batch = max_batch};
+    g4_session *s = NULL;
+    g4_error err = {0};
+    assert_int_equal(g4_session_create(m, &o, &s, &err), G4_OK);
+    float *lg = malloc(sizeof(float) * (size_t)r->n_tok * info.vocab);
+    for (int i = 0; i < r->n_tok; i += chunk) {
+        int n = r->n_tok - i < chunk ? r->n_tok - i : chunk;
+        if (g4_session_forward(s, r->tokens + i, n, G4_LOGITS_ALL, lg + (size_t)i * info.vocab, &err))
+            fail_msg("%s", err.message);
+    }
+    assert_int_equal(g4_session_pos(s), r->n_tok);
+    g4_session_free(s);
+    return lg;
+}
+
+static void test_batch_invariance(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
+        reference r;
+        load_reference(models[k], &r);
+        g4_model *m = load_model(models[k]);
+        g4_model_info info;
+        g4_model_get_info(m, &info);
+        size_t bytes = sizeof(float) * (size_t)r.n_tok * info.vocab;
+        float *base = run_chunked(m, &r, 1, 1, 64);
+        const int chunks[] = {1, 3, 7, 64};
+        for (int t = 1; t <= 2; t++)
+            for (size_t c = 0; c < 4; c++) {
+                float *lg = run_chunked(m, &r, chunks[c], t, 64);
+                if (memcmp(lg, base, bytes)) fail_msg("%s: chunk %d, %d threads: logits differ", models[k], chunks[c], t);
+                free(lg);
+            }
+        /* the engine's own split of a long forward (max_batch smaller than the prompt) */
+        float *lg = run_chunked(m, &r, 64, 2, 5);
+        if (memcmp(lg, base, bytes)) fail_msg("%s: max_batch 5: logits differ", models[k]);
+        free(lg);
+        free(base);
+        g4_model_free(m);
+        free_reference(&r);
+    }
+}
+
+static void test_greedy_generation(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
+        reference r;
+        load_reference(models[k], &r);
+        g4_model *m = load_model(models[k]);
+        g4_session *s = NULL;
+        g4_error err = {0};
+        assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = 256}, &s, &err), G4_OK);
+        int32_t out[64];
+        int n = 0;
+        if (g4_generate_greedy(s, r.gprompt, r.n_gp, r.n_gt, NULL, 0, out, &n, &err)) fail_msg("%s", err.message);
+        assert_int_equal(n, r.n_gt);
+        for (int i = 0; i < n; i++)
+            if (out[i] != r.gtokens[i]) fail_msg("%s: greedy token %d: %d, reference %d", models[k], i, out[i], r.gtokens[i]);
+        /* a stop token ends generation right after it is produced */
+        g4_session_reset(s);
+        int32_t stop = r.gtokens[3];
+        assert_int_equal(g4_generate_greedy(s, r.gprompt, r.n_gp, r.n_gt, &stop, 1, out, &n, &err), G4_OK);
+        int first = 0;
+        while (r.gtokens[first] != stop) first++;
+        assert_int_equal(n, first + 1);
+        g4_session_free(s);
+        g4_model_free(m);
+        free_reference(&r);
+    }
+}
+
+static void test_context_full(void **state) {
+    (void)state;
+    g4_model *m = load_model("e2b-mini");
+    g4_session *s = NULL;
+    g4_error err = {0};
+    assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = 16, .n_threads = 1}, &s, &err), G4_OK);
+    int32_t toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = 2 + i;
+    assert_int_equal(g4_session_forward(s, toks, 12, G4_LOGITS_NONE, NULL, &err), G4_OK);
+    assert_int_equal(g4_session_forward(s, toks, 5, G4_LOGITS_NONE, NULL, &err), G4_ERR_CONTEXT_FULL);
+    assert_non_null(strstr(err.message, "context"));
+    assert_int_equal(g4_session_pos(s), 12); /* nothing was half-written */
+    assert_int_equal(g4_session_forward(s, toks, 4, G4_LOGITS_NONE, NULL, &err), G4_OK);
+    assert_int_equal(g4_session_pos(s), 16);
+    /* out-of-vocabulary ids are rejected, not read out of bounds */
+    g4_session_reset(s);
+    int32_t bad = 512;
+    assert_int_equal(g4_session_forward(s, &bad, 1, G4_LOGITS_NONE, NULL, &err), G4_ERR_ARG);
+    assert_non_null(strstr(err.message, "512"));
+    bad = -1;
+    assert_int_equal(g4_session_forward(s, &bad, 1, G4_LOGITS_NONE, NULL, &err), G4_ERR_ARG);
+    g4_session_free(s);
+    g4_model_free(m);
+}
+
+/* Two models and sessions alive at once share nothing. */
+static void test_two_engines(void **state) {
+    (void)state;
+    reference r;
+    load_reference("dense-mini", &r);
+    g4_model *a = load_model("dense-mini"), *b = load_model("dense-mini");
+    float *x = run_chunked(a, &r, 7, 2, 64), *y = run_chunked(b, &r, 64, 1, 64);
+    assert_memory_equal(x, y, sizeof(float) * (size_t)r.n_tok * 512);
+    free(x);
+    free(y);
+    g4_model_free(a);
+    g4_model_free(b);
+    free_reference(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_greedy_generation),
+        cmocka_unit_test(test_context_full),
+        cmocka_unit_test(test_two_engines),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
