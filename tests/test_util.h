@@ -43,8 +43,8 @@ static inline void *test_read_file(const char *path, size_t *len) {
 static inline const char *test_tmpdir(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "%s/g4test-%s-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name,
              (int)getpid());
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", buf, buf);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.1000s' && mkdir -p '%.1000s'", buf, buf);
     if (system(cmd) != 0) fail_msg("cannot create %s", buf);
     return buf;
 }

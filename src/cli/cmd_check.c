@@ -22,7 +22,8 @@ static void check_usage(FILE *f) {
             "  --threads N      worker threads (default: all CPUs)\n"
             "  --chunk N        tokens per forward step (default 64)\n"
             "  --dump OUTDIR    write named intermediates as OUTDIR/<name>.f32, rows ordered\n"
-            "                   [layer][position][values] as in the fixture's hidden.f32, plus\n"
+            "                   [layer][position][values] as in the fixture's hidden.f32 (rows of\n"
+            "                   narrower layers zero-padded to the widest), plus\n"
             "                   OUTDIR/hidden.f32 in exactly the fixture's row order\n"
             "  --dump-pos LIST  comma-separated positions to dump (default: all)\n");
 }
@@ -113,8 +114,20 @@ static void collect(void *user, const char *name, int layer, int pos, const floa
         b->rows = calloc(rows * (size_t)n, sizeof(float));
         if (!b->rows) c->failed = 1;
     }
-    if (!b->rows || n != b->n) return;
-    memcpy(b->rows + ((size_t)(layer - b->min_layer) * c->n_pos + pi) * n, data, sizeof(float) * n);
+    if (!b->rows) return;
+    size_t rows = (size_t)(b->max_layer - b->min_layer + 1) * c->n_pos;
+    if (n > b->n) { /* a wider layer (full attention's larger head dim): widen every row, zero-padded */
+        float *wide = calloc(rows * (size_t)n, sizeof(float));
+        if (!wide) {
+            c->failed = 1;
+            return;
+        }
+        for (size_t r = 0; r < rows; r++) memcpy(wide + r * n, b->rows + r * b->n, sizeof(float) * b->n);
+        free(b->rows);
+        b->rows = wide;
+        b->n = n;
+    }
+    memcpy(b->rows + ((size_t)(layer - b->min_layer) * c->n_pos + pi) * b->n, data, sizeof(float) * n);
 }
 
 static const dump_buf *find_buf(const collector *c, const char *name) {

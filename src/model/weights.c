@@ -26,7 +26,7 @@ static g4_status find(binder *b, const char *name, const g4_st_tensor **out) {
 static g4_status check_float_dtype(binder *b, const g4_st_tensor *t) {
     if (t->dtype != G4_DT_F32 && t->dtype != G4_DT_F16 && t->dtype != G4_DT_BF16)
         return g4_fail(b->err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16",
-                       b->m->path, t->name, g4_dtype_name(t->dtype));
+                       b->m->st.file_names[t->file], t->name, g4_dtype_name(t->dtype));
     return G4_OK;
 }
 
@@ -35,7 +35,7 @@ static g4_status shape_error(binder *b, const g4_st_tensor *t, const char *want)
     for (int i = 0; i < t->ndim; i++)
         p += snprintf(p, (size_t)(got + sizeof got - p), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
     return g4_fail(b->err, G4_ERR_TENSOR, "%s: tensor '%s' has shape [%s]; config.json implies [%s]",
-                   b->m->path, t->name, got, want);
+                   b->m->st.file_names[t->file], t->name, got, want);
 }
 
 /* A matrix [rows, cols]; with `experts` > 0 a 3-D [experts, rows, cols] viewed as 2-D. */
