@@ -26,7 +26,7 @@ for t in "$BUILD"/tests/test_*; do
 done
 for s in tests/cli/*.sh; do
   [ -f "$s" ] || continue
-  run_one "cli/$(basename "$s" .sh)" bash "$s"
+  run_one "cli-$(basename "$s" .sh)" bash "$s"
 done
 echo "${pass} passed, ${fail} failed"
 [ "$fail" -eq 0 ]
