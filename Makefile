@@ -4,10 +4,10 @@ BUILD    ?= build
 CC       ?= cc
 # -ffp-contract=off: the exactness contract forbids the compiler fusing a*b+c differently in two
 # code paths of one reduction. No -ffast-math anywhere.
-CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
-            -pthread -MMD -MP -Iinclude -Isrc $(shell pkg-config --cflags libcjson 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lm -pthread
+OPT      ?= -O2 -g
+CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math \
+            -pthread -MMD -MP -Iinclude -Isrc $(shell pkg-config --cflags libcjson 2>/dev/null) $(EXTRA_CFLAGS)
+LDLIBS   := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lm -pthread
 SANFLAGS  = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
 # EXCLUDE: sources to leave out (e.g. work in progress), as paths relative to the root
@@ -49,7 +49,7 @@ test-fast: all
 	bash tests/run.sh $(BUILD)
 
 sanitize:
-	$(MAKE) BUILD=$(BUILD)-san CFLAGS="$(SANFLAGS)" test-fast
+	$(MAKE) BUILD=$(BUILD)-san OPT="$(SANFLAGS)" test-fast
 
 clean:
 	rm -rf build build-san
