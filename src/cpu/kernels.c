@@ -3,10 +3,39 @@
 #include <math.h>
 #include <string.h>
 
+static const char *const wtype_names[G4_W_COUNT] = {
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "affine", "symmetric",
+};
+
+const char *g4_wtype_name(g4_wtype t) { return t < G4_W_COUNT ? wtype_names[t] : "?"; }
+
+g4_wtype g4_wtype_of_dtype(g4_dtype t) {
+    return t == G4_DT_F32 ? G4_W_F32 : t == G4_DT_F16 ? G4_W_F16 : t == G4_DT_BF16 ? G4_W_BF16 : G4_W_COUNT;
+}
+
+g4_mat g4_mat_dense(g4_dtype dtype, int rows, int cols, const void *data) {
+    g4_mat m = {0};
+    m.type = g4_wtype_of_dtype(dtype);
+    m.rows = rows;
+    m.cols = cols;
+    m.data = data;
+    m.row_bytes = (size_t)cols * g4_dtype_size(dtype);
+    return m;
+}
+
+size_t g4_mat_bytes(const g4_mat *w) {
+    size_t n = w->row_bytes * (size_t)w->rows;
+    if (w->scales) n += (size_t)w->rows * w->scale_stride * g4_dtype_size(w->scale_dtype) * (w->biases ? 2 : 1);
+    return n;
+}
+
 g4_mat g4_mat_rows(const g4_mat *w, int r0, int n) {
     g4_mat m = *w;
     m.rows = n;
-    m.data = (const uint8_t *)w->data + (size_t)r0 * (size_t)w->cols * g4_dtype_size(w->dtype);
+    m.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    size_t so = (size_t)r0 * w->scale_stride * g4_dtype_size(w->scale_dtype);
+    if (w->scales) m.scales = (const uint8_t *)w->scales + so;
+    if (w->biases) m.biases = (const uint8_t *)w->biases + so;
     return m;
 }
 
@@ -101,19 +130,19 @@ static void matmul_range(void *ctx, int r0, int r1, int tid) {
     int K = w->cols;
     /* rows outer, tokens inner: a weight row is read from memory once per call whatever M is */
     for (int r = r0; r < r1; r++) {
-        switch (w->dtype) {
-        case G4_DT_BF16: {
-            const uint16_t *row = (const uint16_t *)w->data + (size_t)r * K;
+        switch (w->type) {
+        case G4_W_BF16: {
+            const uint16_t *row = (const uint16_t *)((const uint8_t *)w->data + (size_t)r * w->row_bytes);
             for (int m = 0; m < j->M; m++) j->y[(size_t)m * j->ldy + r] = g4_dot_bf16(j->x + (size_t)m * K, row, K);
             break;
         }
-        case G4_DT_F16: {
-            const uint16_t *row = (const uint16_t *)w->data + (size_t)r * K;
+        case G4_W_F16: {
+            const uint16_t *row = (const uint16_t *)((const uint8_t *)w->data + (size_t)r * w->row_bytes);
             for (int m = 0; m < j->M; m++) j->y[(size_t)m * j->ldy + r] = g4_dot_f16(j->x + (size_t)m * K, row, K);
             break;
         }
         default: {
-            const float *row = (const float *)w->data + (size_t)r * K;
+            const float *row = (const float *)((const uint8_t *)w->data + (size_t)r * w->row_bytes);
             for (int m = 0; m < j->M; m++) j->y[(size_t)m * j->ldy + r] = g4_dot_f32(j->x + (size_t)m * K, row, K);
             break;
         }
@@ -131,16 +160,16 @@ void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, floa
 }
 
 void g4_mat_row_f32(const g4_mat *w, int row, float *out) {
-    size_t off = (size_t)row * (size_t)w->cols;
-    switch (w->dtype) {
-    case G4_DT_BF16:
-        for (int c = 0; c < w->cols; c++) out[c] = g4_bf16_to_f32(((const uint16_t *)w->data)[off + c]);
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)row * w->row_bytes;
+    switch (w->type) {
+    case G4_W_BF16:
+        for (int c = 0; c < w->cols; c++) out[c] = g4_bf16_to_f32(((const uint16_t *)p)[c]);
         break;
-    case G4_DT_F16:
-        for (int c = 0; c < w->cols; c++) out[c] = g4_f16_to_f32(((const uint16_t *)w->data)[off + c]);
+    case G4_W_F16:
+        for (int c = 0; c < w->cols; c++) out[c] = g4_f16_to_f32(((const uint16_t *)p)[c]);
         break;
     default:
-        memcpy(out, (const float *)w->data + off, sizeof(float) * (size_t)w->cols);
+        memcpy(out, p, sizeof(float) * (size_t)w->cols);
         break;
     }
 }

@@ -11,12 +11,38 @@
 #include "formats/safetensors.h"
 #include "util/threadpool.h"
 
-/* A weight matrix [rows = out, cols = in], row-major, in its stored dtype (F32, F16 or BF16). */
+/* How a weight matrix is stored. Dense types hold one element per column; the ggml block types
+ * (GGUF) pack 32 or 256 columns per block; AFFINE is MLX's group-wise `w = scale·q + bias` with
+ * `bits`-bit codes packed LSB-first into uint32 words; SYMM is the QAT checkpoints' per-row
+ * symmetric `w = scale[row]·q` with signed int8 / int4 (value-8) / int2 (value-2) codes. */
+typedef enum g4_wtype {
+    G4_W_F32, G4_W_F16, G4_W_BF16,
+    G4_W_Q8_0, G4_W_Q4_0, G4_W_Q4_1, G4_W_Q5_0, G4_W_Q5_1, G4_W_Q4_K, G4_W_Q5_K, G4_W_Q6_K,
+    G4_W_AFFINE, G4_W_SYMM,
+    G4_W_COUNT
+} g4_wtype;
+
+const char *g4_wtype_name(g4_wtype t);
+
+/* A weight matrix [rows = out, cols = in]. Row r's storage starts at data + r·row_bytes. */
 typedef struct g4_mat {
-    g4_dtype dtype;
+    g4_wtype type;
     int rows, cols;
     const void *data;
+    size_t row_bytes;
+    /* AFFINE and SYMM only */
+    int bits, group;              /* group: columns per scale (AFFINE) */
+    const void *scales, *biases;  /* AFFINE: [rows][cols/group]; SYMM: scales[rows] */
+    g4_dtype scale_dtype;         /* F32, F16 or BF16 */
+    size_t scale_stride;          /* scale elements per row */
 } g4_mat;
+
+/* A dense matrix view of row-major data in dtype F32, F16 or BF16. */
+g4_mat g4_mat_dense(g4_dtype dtype, int rows, int cols, const void *data);
+/* The wtype of a dense dtype (F32, F16, BF16), or G4_W_COUNT for others. */
+g4_wtype g4_wtype_of_dtype(g4_dtype t);
+/* Bytes of storage the matrix streams per full pass (codes plus scales and biases). */
+size_t g4_mat_bytes(const g4_mat *w);
 
 /* Rows [r0, r0 + n) of w as a matrix of its own. */
 g4_mat g4_mat_rows(const g4_mat *w, int r0, int n);
@@ -39,7 +65,7 @@ float g4_dot_f16(const float *x, const uint16_t *w, int n);
  * the rows of w. */
 void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy);
 
-/* out[c] = w[row][c] as float (embedding gathers). */
+/* out[c] = w[row][c] as float (embedding gathers, dequantising when needed). */
 void g4_mat_row_f32(const g4_mat *w, int row, float *out);
 
 /* y = rms(x) * w (w may be NULL for the weightless norm); n elements; in place allowed. */

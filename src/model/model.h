@@ -6,6 +6,7 @@
 #include "cpu/kernels.h"
 #include "formats/safetensors.h"
 #include "model/config.h"
+#include "model/source.h"
 
 typedef struct g4_layer_weights {
     const float *attn_norm, *post_attn_norm;  /* [H] */
@@ -31,7 +32,7 @@ typedef struct g4_layer_weights {
 
 struct g4_model {
     g4_config cfg;
-    g4_st_archive st;
+    g4_weight_source src;
     char *path;
     g4_mat embed;               /* [V, H], also the tied LM head */
     float embed_scale;          /* sqrt(H) rounded to embed's dtype */
@@ -45,6 +46,6 @@ struct g4_model {
     size_t weight_bytes;
 };
 
-/* Binds and checks every weight (used by g4_model_load). */
+/* Binds and checks every weight of m->cfg from m->src (used by g4_model_load). */
 g4_status g4_model_bind(struct g4_model *m, g4_error *err);
 #endif

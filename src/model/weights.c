@@ -6,78 +6,68 @@
 #include "model/model.h"
 #include "util/error.h"
 
-/* Binding state: the name prefix, and a bump allocator for converted vectors. */
+/* Binding state: the source, and a bump allocator for converted vectors. */
 typedef struct {
     g4_model *m;
-    const char *prefix;
     size_t arena_used, arena_cap;
     g4_error *err;
 } binder;
 
-static g4_status find(binder *b, const char *name, const g4_st_tensor **out) {
-    char full[512];
-    snprintf(full, sizeof full, "%s%s", b->prefix, name);
-    *out = g4_st_find(&b->m->st, full);
-    if (!*out)
-        return g4_fail(b->err, G4_ERR_TENSOR, "%s: missing tensor '%s'", b->m->path, full);
+static g4_status find(binder *b, const char *name, g4_tensor_ref *out) {
+    int found = 0;
+    g4_status st = b->m->src.find(b->m->src.ctx, name, out, &found, b->err);
+    if (st) return st;
+    if (!found)
+        return g4_fail(b->err, G4_ERR_TENSOR, "%s: missing tensor '%s'", b->m->src.path, out->name[0] ? out->name : name);
     return G4_OK;
 }
 
-static g4_status check_float_dtype(binder *b, const g4_st_tensor *t) {
-    if (t->dtype != G4_DT_F32 && t->dtype != G4_DT_F16 && t->dtype != G4_DT_BF16)
-        return g4_fail(b->err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16",
-                       b->m->st.file_names[t->file], t->name, g4_dtype_name(t->dtype));
-    return G4_OK;
-}
-
-static g4_status shape_error(binder *b, const g4_st_tensor *t, const char *want) {
+static g4_status shape_error(binder *b, const g4_tensor_ref *t, const char *want) {
     char got[128] = "", *p = got;
     for (int i = 0; i < t->ndim; i++)
         p += snprintf(p, (size_t)(got + sizeof got - p), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    return g4_fail(b->err, G4_ERR_TENSOR, "%s: tensor '%s' has shape [%s]; config.json implies [%s]",
-                   b->m->st.file_names[t->file], t->name, got, want);
+    return g4_fail(b->err, G4_ERR_TENSOR, "%s: tensor '%s' has shape [%s]; config.json implies [%s]", t->file,
+                   t->name, got, want);
 }
 
 /* A matrix [rows, cols]; with `experts` > 0 a 3-D [experts, rows, cols] viewed as 2-D. */
-static g4_status bind_mat3(binder *b, const char *name, int experts, int rows, int cols, g4_mat *out) {
-    const g4_st_tensor *t;
+static g4_status bind_mat3(binder *b, const char *name, int experts, int rows, int cols, g4_mat *out,
+                           g4_tensor_ref *ref) {
+    g4_tensor_ref t;
     g4_status st = find(b, name, &t);
-    if (st || (st = check_float_dtype(b, t))) return st;
-    int ok = experts ? (t->ndim == 3 && t->shape[0] == experts && t->shape[1] == rows && t->shape[2] == cols)
-                     : (t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols);
+    if (st) return st;
+    int ok = experts ? (t.ndim == 3 && t.shape[0] == experts && t.shape[1] == rows && t.shape[2] == cols)
+                     : (t.ndim == 2 && t.shape[0] == rows && t.shape[1] == cols);
     if (!ok) {
         char want[96];
         if (experts) snprintf(want, sizeof want, "%d, %d, %d", experts, rows, cols);
         else snprintf(want, sizeof want, "%d, %d", rows, cols);
-        return shape_error(b, t, want);
+        return shape_error(b, &t, want);
     }
-    out->dtype = t->dtype;
-    out->rows = (experts ? experts : 1) * rows;
-    out->cols = cols;
-    out->data = t->data;
-    b->m->weight_bytes += t->nbytes;
+    *out = t.mat;
+    if (ref) *ref = t;
+    b->m->weight_bytes += g4_mat_bytes(&t.mat);
     return G4_OK;
 }
 
 static g4_status bind_mat(binder *b, const char *name, int rows, int cols, g4_mat *out) {
-    return bind_mat3(b, name, 0, rows, cols, out);
+    return bind_mat3(b, name, 0, rows, cols, out, NULL);
 }
 
 /* A vector of n floats converted into the arena. */
 static g4_status bind_vec(binder *b, const char *name, int n, const float **out) {
-    const g4_st_tensor *t;
+    g4_tensor_ref t;
     g4_status st = find(b, name, &t);
-    if (st || (st = check_float_dtype(b, t))) return st;
-    if (t->ndim != 1 || t->shape[0] != n) {
+    if (st) return st;
+    if (t.ndim != 1 || t.shape[0] != n) {
         char want[32];
         snprintf(want, sizeof want, "%d", n);
-        return shape_error(b, t, want);
+        return shape_error(b, &t, want);
     }
     if (b->arena_used + (size_t)n > b->arena_cap)
-        return g4_fail(b->err, G4_ERR_TENSOR, "%s: internal: vector arena too small", b->m->path);
+        return g4_fail(b->err, G4_ERR_TENSOR, "%s: internal: vector arena too small", t.file);
     float *dst = b->m->arena + b->arena_used;
-    g4_mat row = {t->dtype, 1, n, t->data};
-    g4_mat_row_f32(&row, 0, dst);
+    g4_mat_row_f32(&t.mat, 0, dst);
     b->arena_used += (size_t)n;
     *out = dst;
     return G4_OK;
@@ -92,14 +82,7 @@ static float round_to_dtype(float v, g4_dtype t) {
 g4_status g4_model_bind(g4_model *m, g4_error *err) {
     const g4_config *c = &m->cfg;
     int H = c->hidden, L = c->n_layers, P = c->ple_width;
-    binder b = {m, c->multimodal_layout ? "model.language_model." : "model.", 0, 0, err};
-    /* Plain-text exports sometimes keep the multimodal prefix; follow what the file says. */
-    char probe[64];
-    snprintf(probe, sizeof probe, "%sembed_tokens.weight", b.prefix);
-    if (!g4_st_find(&m->st, probe)) {
-        if (g4_st_find(&m->st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
-        else if (g4_st_find(&m->st, "model.embed_tokens.weight")) b.prefix = "model.";
-    }
+    binder b = {m, 0, 0, err};
     /* Count the vector floats: 4 norms per layer + q/k norms + MoE/PLE extras + globals. */
     size_t cap = (size_t)H + (size_t)P + 16;
     for (int i = 0; i < L; i++) {
@@ -112,18 +95,19 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
     if (!m->layers) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 
     g4_status st;
-    if ((st = bind_mat(&b, "embed_tokens.weight", c->vocab, H, &m->embed)) ||
+    g4_tensor_ref ref;
+    if ((st = bind_mat3(&b, "embed_tokens.weight", 0, c->vocab, H, &m->embed, &ref)) ||
         (st = bind_vec(&b, "norm.weight", H, &m->final_norm)))
         return st;
-    m->embed_scale = round_to_dtype(sqrtf((float)H), m->embed.dtype);
+    m->embed_scale = round_to_dtype(sqrtf((float)H), ref.float_dtype);
     if (P > 0) {
-        if ((st = bind_mat(&b, "embed_tokens_per_layer.weight", c->ple_vocab, L * P, &m->ple_embed)) ||
+        if ((st = bind_mat3(&b, "embed_tokens_per_layer.weight", 0, c->ple_vocab, L * P, &m->ple_embed, &ref)) ||
             (st = bind_mat(&b, "per_layer_model_projection.weight", L * P, H, &m->ple_model_proj)) ||
             (st = bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm)))
             return st;
         /* the PLE table is gathered one row per token, not streamed */
-        m->weight_bytes -= (size_t)m->ple_embed.rows * (size_t)m->ple_embed.cols * g4_dtype_size(m->ple_embed.dtype);
-        m->ple_embed_scale = round_to_dtype(sqrtf((float)P), m->ple_embed.dtype);
+        m->weight_bytes -= g4_mat_bytes(&m->ple_embed);
+        m->ple_embed_scale = round_to_dtype(sqrtf((float)P), ref.float_dtype);
     }
     for (int i = 0; i < L && !st; i++) {
         const g4_layer_config *lc = &c->layers[i];
@@ -153,14 +137,15 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
             if ((st = bind_mat(&b, NAME("router.proj.weight"), E, H, &w->router)) ||
                 (st = bind_vec(&b, NAME("router.scale"), H, &w->router_scale)) ||
                 (st = bind_vec(&b, NAME("router.per_expert_scale"), E, &w->expert_scale)) ||
-                (st = bind_mat3(&b, NAME("experts.gate_up_proj"), E, 2 * Im, H, &w->experts_gate_up)) ||
-                (st = bind_mat3(&b, NAME("experts.down_proj"), E, H, Im, &w->experts_down)) ||
+                (st = bind_mat3(&b, NAME("experts.gate_up_proj"), E, 2 * Im, H, &w->experts_gate_up, NULL)) ||
+                (st = bind_mat3(&b, NAME("experts.down_proj"), E, H, Im, &w->experts_down, NULL)) ||
                 (st = bind_vec(&b, NAME("pre_feedforward_layernorm_2.weight"), H, &w->pre_ffn_norm2)) ||
                 (st = bind_vec(&b, NAME("post_feedforward_layernorm_1.weight"), H, &w->post_ffn_norm1)) ||
                 (st = bind_vec(&b, NAME("post_feedforward_layernorm_2.weight"), H, &w->post_ffn_norm2)))
                 break;
             /* a token streams only its top-k experts */
-            m->weight_bytes -= (size_t)(E - c->top_k_experts) * 3 * (size_t)Im * H * g4_dtype_size(w->experts_down.dtype);
+            m->weight_bytes -= (g4_mat_bytes(&w->experts_gate_up) + g4_mat_bytes(&w->experts_down)) / E *
+                               (size_t)(E - c->top_k_experts);
         }
         if (P > 0) {
             if ((st = bind_mat(&b, NAME("per_layer_input_gate.weight"), P, H, &w->ple_gate)) ||

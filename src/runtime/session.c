@@ -20,7 +20,7 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
         return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     }
     g4_status st = g4_config_load(path, &m->cfg, err);
-    if (!st) st = g4_st_open(&m->st, path, err);
+    if (!st) st = g4_source_open_safetensors(&m->src, path, m->cfg.multimodal_layout, err);
     if (!st) st = g4_model_bind(m, err);
     if (st) {
         g4_model_free(m);
@@ -32,7 +32,7 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
-    g4_st_close(&m->st);
+    if (m->src.close) m->src.close(m->src.ctx);
     g4_config_free(&m->cfg);
     free(m->layers);
     free(m->arena);

@@ -1,0 +1,32 @@
+/* Where weights come from. The binder (weights.c) asks for each tensor by its Hugging Face name
+ * relative to the text model ("embed_tokens.weight", "layers.3.mlp.up_proj.weight",
+ * "layers.0.experts.down_proj") and gets a matrix view in the kernels' terms; a source hides its
+ * file format's naming and layout (safetensors' prefixes, MLX's weight/scales/biases triplets, QAT
+ * scales, GGUF's blk.N names and block types). */
+#ifndef G4_MODEL_SOURCE_H
+#define G4_MODEL_SOURCE_H
+#include "cpu/kernels.h"
+#include "g4.h"
+
+typedef struct g4_tensor_ref {
+    const char *file;                 /* for error messages */
+    char name[256];                   /* the name in the file */
+    int ndim;
+    int64_t shape[G4_MAX_DIMS];       /* logical shape, as the unquantised tensor */
+    g4_mat mat;                       /* rows = product of all dims but the last */
+    g4_dtype float_dtype;             /* the dtype the values were trained/stored in (for the
+                                         dtype-rounded embedding scale) */
+} g4_tensor_ref;
+
+typedef struct g4_weight_source {
+    void *ctx;
+    const char *path;                 /* what was opened */
+    /* *found = 0 (and G4_OK) when the tensor is absent; an error for one present but unusable. */
+    g4_status (*find)(void *ctx, const char *name, g4_tensor_ref *out, int *found, g4_error *err);
+    void (*close)(void *ctx);
+} g4_weight_source;
+
+/* Hugging Face safetensors (bf16 / f16 / f32): DIR/model.safetensors or a sharded index. */
+g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int multimodal_layout,
+                                     g4_error *err);
+#endif
