@@ -10,36 +10,6 @@
 #include "util/error.h"
 #include "util/threadpool.h"
 
-g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
-    (void)opts;
-    *out = NULL;
-    if (!path) return g4_fail(err, G4_ERR_ARG, "no model path given");
-    g4_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->path = strdup(path))) {
-        free(m);
-        return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-    }
-    g4_status st = g4_config_load(path, &m->cfg, err);
-    if (!st) st = g4_source_open_safetensors(&m->src, path, m->cfg.multimodal_layout, err);
-    if (!st) st = g4_model_bind(m, err);
-    if (st) {
-        g4_model_free(m);
-        return st;
-    }
-    *out = m;
-    return G4_OK;
-}
-
-void g4_model_free(g4_model *m) {
-    if (!m) return;
-    if (m->src.close) m->src.close(m->src.ctx);
-    g4_config_free(&m->cfg);
-    free(m->layers);
-    free(m->arena);
-    free(m->path);
-    free(m);
-}
-
 void g4_model_get_info(const g4_model *m, g4_model_info *info) {
     const g4_config *c = &m->cfg;
     memset(info, 0, sizeof *info);

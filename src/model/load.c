@@ -1,0 +1,43 @@
+/* g4_model_load: recognise what the path holds, open the matching weight source, bind. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "model/model.h"
+#include "util/error.h"
+
+/* Opens the weight source for a checkpoint directory whose config.json was parsed into cfg.
+ * The quantised layouts announce themselves in config.json; plain HF checkpoints do not. */
+static g4_status open_dir_source(g4_model *m, const char *dir, g4_error *err) {
+    return g4_source_open_safetensors(&m->src, dir, m->cfg.multimodal_layout, err);
+}
+
+g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
+    (void)opts;
+    *out = NULL;
+    if (!path) return g4_fail(err, G4_ERR_ARG, "no model path given");
+    g4_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->path = strdup(path))) {
+        free(m);
+        return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    }
+    g4_status st = g4_config_load(path, &m->cfg, err);
+    if (!st) st = open_dir_source(m, path, err);
+    if (!st) st = g4_model_bind(m, err);
+    if (st) {
+        g4_model_free(m);
+        return st;
+    }
+    *out = m;
+    return G4_OK;
+}
+
+void g4_model_free(g4_model *m) {
+    if (!m) return;
+    if (m->src.close) m->src.close(m->src.ctx);
+    g4_config_free(&m->cfg);
+    free(m->layers);
+    free(m->arena);
+    free(m->path);
+    free(m);
+}
