@@ -75,8 +75,10 @@ static g4_status read_rope(const reader *r, const char *kind, double theta_def, 
     return G4_OK;
 }
 
-static g4_status parse_text_config(const cJSON *tc, const char *path, const char *model_type,
-                                   g4_config *c, g4_error *err) {
+/* drafter: every layer reads another model's K/V, so all layers may be "shared" and kv_source is
+ * left at -1 for the caller to resolve against the target. */
+static g4_status parse_text_config(const cJSON *tc, const char *path, int drafter, g4_config *c,
+                                   g4_error *err) {
     reader r = {tc, path, err};
     g4_status st;
     int sliding_kv, head_dim, global_head_dim, global_kv;
@@ -110,7 +112,8 @@ static g4_status parse_text_config(const cJSON *tc, const char *path, const char
     c->head_dim_full = global_head_dim;
     if (c->sliding_window <= 0)
         return g4_fail(err, G4_ERR_CONFIG, "%s: sliding_window must be positive (got %d)", path, c->sliding_window);
-    if (c->n_kv_shared < 0 || c->n_kv_shared >= c->n_layers)
+    if (drafter) c->n_kv_shared = c->n_layers;
+    else if (c->n_kv_shared < 0 || c->n_kv_shared >= c->n_layers)
         return g4_fail(err, G4_ERR_CONFIG,
                        "%s: num_kv_shared_layers = %d must be in [0, num_hidden_layers = %d)", path,
                        c->n_kv_shared, c->n_layers);
@@ -127,7 +130,6 @@ static g4_status parse_text_config(const cJSON *tc, const char *path, const char
     }
     if (c->ple_width > 0 && c->ple_vocab <= 0)
         return g4_fail(err, G4_ERR_CONFIG, "%s: vocab_size_per_layer_input must be positive", path);
-    (void)model_type;
 
     int L = c->n_layers;
     c->layers = calloc((size_t)L, sizeof *c->layers);
@@ -192,7 +194,9 @@ static g4_status parse_text_config(const cJSON *tc, const char *path, const char
         l->rope_pairs = (int)((l->is_full ? pr_f : pr_s) * (float)l->head_dim / 2.0f);
         l->mlp_width = c->intermediate * ((c->double_wide && i >= c->first_shared) ? 2 : 1);
         l->kv_source = i;
-        if (i >= c->first_shared) {
+        if (drafter) {
+            l->kv_source = -1;
+        } else if (i >= c->first_shared) {
             l->kv_source = -1;
             for (int j = c->first_shared - 1; j >= 0; j--)
                 if (c->layers[j].is_full == l->is_full) {
@@ -241,7 +245,7 @@ g4_status g4_config_parse(const char *json, const char *path, g4_config *c, g4_e
         st = g4_fail(err, G4_ERR_CONFIG, "%s: missing \"model_type\"", path);
     else
         st = g4_fail(err, G4_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not a Gemma 4 model", path, type);
-    if (!st) st = parse_text_config(tc, path, type, c, err);
+    if (!st) st = parse_text_config(tc, path, 0, c, err);
     cJSON_Delete(root);
     if (st) g4_config_free(c);
     return st;
@@ -337,4 +341,42 @@ char *g4_released_config_json(const char *arch) {
     char *out = cJSON_Print(root);
     cJSON_Delete(root);
     return out;
+}
+
+/* ---- drafters ------------------------------------------------------------------------------- */
+
+g4_status g4_drafter_config_parse(const char *json, const char *path, g4_drafter_config *d, g4_error *err) {
+    memset(d, 0, sizeof *d);
+    cJSON *root = cJSON_Parse(json);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return g4_fail(err, G4_ERR_CONFIG, "%s: not a JSON object", path);
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const char *type = cJSON_IsString(mt) ? mt->valuestring : "";
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    g4_status st = G4_OK;
+    if (strcmp(type, "gemma4_assistant") && strcmp(type, "gemma4_unified_assistant"))
+        st = g4_fail(err, G4_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not a Gemma 4 drafter (gemma4_assistant)", path, type);
+    else if (!cJSON_IsObject(tc))
+        st = g4_fail(err, G4_ERR_CONFIG, "%s: missing \"text_config\"", path);
+    reader r = {root, path, err};
+    if (!st) st = get_int(&r, "backbone_hidden_size", -2, 1, MAX_HIDDEN, &d->backbone_hidden);
+    d->ordered_embeddings = get_bool(root, "use_ordered_embeddings");
+    if (!st && d->ordered_embeddings) {
+        st = get_int(&r, "num_centroids", -2, 1, MAX_VOCAB, &d->n_centroids);
+        if (!st) st = get_int(&r, "centroid_intermediate_top_k", -2, 1, MAX_VOCAB, &d->centroid_top_k);
+    }
+    if (!st && d->ordered_embeddings && d->centroid_top_k > d->n_centroids)
+        st = g4_fail(err, G4_ERR_CONFIG, "%s: centroid_intermediate_top_k exceeds num_centroids", path);
+    if (!st) {
+        snprintf(d->text.arch, sizeof d->text.arch, "%s", type);
+        st = parse_text_config(tc, path, 1, &d->text, err);
+    }
+    if (!st && d->ordered_embeddings && d->text.vocab % d->n_centroids)
+        st = g4_fail(err, G4_ERR_CONFIG, "%s: vocab_size %d is not a multiple of num_centroids %d", path,
+                     d->text.vocab, d->n_centroids);
+    cJSON_Delete(root);
+    if (st) g4_config_free(&d->text);
+    return st;
 }

@@ -39,6 +39,17 @@ g4_status g4_config_parse(const char *json, const char *path, g4_config *out, g4
 g4_status g4_config_load(const char *dir, g4_config *out, g4_error *err);
 void g4_config_free(g4_config *c);
 
+/* A drafter ("assistant"): a small Gemma 4 stack whose layers all read the target's K/V. */
+typedef struct g4_drafter_config {
+    g4_config text;             /* layers' kv_source is -1: resolved against the target */
+    int backbone_hidden;        /* the target's hidden size H */
+    int ordered_embeddings;     /* centroid LM head (E2B/E4B drafters) */
+    int n_centroids, centroid_top_k;
+} g4_drafter_config;
+
+g4_status g4_drafter_config_parse(const char *json, const char *path, g4_drafter_config *out,
+                                  g4_error *err);
+
 /* The `config.json` of a released size (e2b, e4b, 12b, 26b-a4b, 31b) in the Hub's multimodal
  * shape, as a heap string the caller frees; NULL for an unknown name. Used by tests and by the
  * model synthesiser. */

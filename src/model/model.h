@@ -46,6 +46,22 @@ struct g4_model {
     size_t weight_bytes;
 };
 
+/* Binding tensors from a source with shape checks; small vectors are converted to float into a
+ * caller-provided arena (bump-allocated). */
+typedef struct g4_binder {
+    g4_weight_source *src;
+    float *arena;
+    size_t arena_used, arena_cap;
+    size_t *bytes;              /* accumulates the bytes of bound matrices (may be NULL) */
+    g4_error *err;
+} g4_binder;
+
+/* A matrix [rows, cols]; with experts > 0 a 3-D [experts, rows, cols] viewed as 2-D. ref may be NULL. */
+g4_status g4_bind_mat(g4_binder *b, const char *name, int experts, int rows, int cols, g4_mat *out,
+                      g4_tensor_ref *ref);
+/* A vector of n floats converted into the arena. */
+g4_status g4_bind_vec(g4_binder *b, const char *name, int n, const float **out);
+
 /* Binds and checks every weight of m->cfg from m->src (used by g4_model_load). */
 g4_status g4_model_bind(struct g4_model *m, g4_error *err);
 #endif

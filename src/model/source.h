@@ -29,4 +29,11 @@ typedef struct g4_weight_source {
 /* Hugging Face safetensors (bf16 / f16 / f32): DIR/model.safetensors or a sharded index. */
 g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int multimodal_layout,
                                      g4_error *err);
+/* The same with tensors looked up by their full names (drafters mix "model.layers.*" with
+ * top-level "pre_projection.weight"). */
+g4_status g4_source_open_safetensors_raw(g4_weight_source *src, const char *path, g4_error *err);
+/* The archive behind a safetensors source (for non-float tensors such as index tables); NULL for
+ * other sources. */
+struct g4_st_archive;
+const struct g4_st_archive *g4_source_safetensors_archive(const g4_weight_source *src);
 #endif

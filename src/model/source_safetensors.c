@@ -46,8 +46,9 @@ static void st_close(void *ctx) {
     free(s);
 }
 
-g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int multimodal_layout, g4_error *err) {
+static g4_status open_source(g4_weight_source *src, const char *dir, st_source **out, g4_error *err) {
     memset(src, 0, sizeof *src);
+    *out = NULL;
     st_source *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     g4_status st = g4_st_open(&s->st, dir, err);
@@ -55,15 +56,33 @@ g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int
         free(s);
         return st;
     }
+    s->prefix = "";
+    src->ctx = s;
+    src->path = s->st.dir;
+    src->find = st_find;
+    src->close = st_close;
+    *out = s;
+    return G4_OK;
+}
+
+g4_status g4_source_open_safetensors_raw(g4_weight_source *src, const char *path, g4_error *err) {
+    st_source *s;
+    return open_source(src, path, &s, err);
+}
+
+const g4_st_archive *g4_source_safetensors_archive(const g4_weight_source *src) {
+    return src->find == st_find ? &((const st_source *)src->ctx)->st : NULL;
+}
+
+g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int multimodal_layout, g4_error *err) {
+    st_source *s;
+    g4_status st = open_source(src, dir, &s, err);
+    if (st) return st;
     /* The layout config.json implies, unless the file plainly says otherwise. */
     s->prefix = multimodal_layout ? "model.language_model." : "model.";
     if (!g4_st_find(&s->st, multimodal_layout ? "model.language_model.embed_tokens.weight" : "model.embed_tokens.weight")) {
         if (g4_st_find(&s->st, "model.language_model.embed_tokens.weight")) s->prefix = "model.language_model.";
         else if (g4_st_find(&s->st, "model.embed_tokens.weight")) s->prefix = "model.";
     }
-    src->ctx = s;
-    src->path = s->st.dir;
-    src->find = st_find;
-    src->close = st_close;
     return G4_OK;
 }

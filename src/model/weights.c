@@ -6,19 +6,14 @@
 #include "model/model.h"
 #include "util/error.h"
 
-/* Binding state: the source, and a bump allocator for converted vectors. */
-typedef struct {
-    g4_model *m;
-    size_t arena_used, arena_cap;
-    g4_error *err;
-} binder;
+typedef g4_binder binder;
 
 static g4_status find(binder *b, const char *name, g4_tensor_ref *out) {
     int found = 0;
-    g4_status st = b->m->src.find(b->m->src.ctx, name, out, &found, b->err);
+    g4_status st = b->src->find(b->src->ctx, name, out, &found, b->err);
     if (st) return st;
     if (!found)
-        return g4_fail(b->err, G4_ERR_TENSOR, "%s: missing tensor '%s'", b->m->src.path, out->name[0] ? out->name : name);
+        return g4_fail(b->err, G4_ERR_TENSOR, "%s: missing tensor '%s'", b->src->path, out->name[0] ? out->name : name);
     return G4_OK;
 }
 
@@ -31,7 +26,7 @@ static g4_status shape_error(binder *b, const g4_tensor_ref *t, const char *want
 }
 
 /* A matrix [rows, cols]; with `experts` > 0 a 3-D [experts, rows, cols] viewed as 2-D. */
-static g4_status bind_mat3(binder *b, const char *name, int experts, int rows, int cols, g4_mat *out,
+g4_status g4_bind_mat(binder *b, const char *name, int experts, int rows, int cols, g4_mat *out,
                            g4_tensor_ref *ref) {
     g4_tensor_ref t;
     g4_status st = find(b, name, &t);
@@ -46,16 +41,16 @@ static g4_status bind_mat3(binder *b, const char *name, int experts, int rows, i
     }
     *out = t.mat;
     if (ref) *ref = t;
-    b->m->weight_bytes += g4_mat_bytes(&t.mat);
+    if (b->bytes) *b->bytes += g4_mat_bytes(&t.mat);
     return G4_OK;
 }
 
 static g4_status bind_mat(binder *b, const char *name, int rows, int cols, g4_mat *out) {
-    return bind_mat3(b, name, 0, rows, cols, out, NULL);
+    return g4_bind_mat(b, name, 0, rows, cols, out, NULL);
 }
 
 /* A vector of n floats converted into the arena. */
-static g4_status bind_vec(binder *b, const char *name, int n, const float **out) {
+g4_status g4_bind_vec(binder *b, const char *name, int n, const float **out) {
     g4_tensor_ref t;
     g4_status st = find(b, name, &t);
     if (st) return st;
@@ -66,7 +61,7 @@ static g4_status bind_vec(binder *b, const char *name, int n, const float **out)
     }
     if (b->arena_used + (size_t)n > b->arena_cap)
         return g4_fail(b->err, G4_ERR_TENSOR, "%s: internal: vector arena too small", t.file);
-    float *dst = b->m->arena + b->arena_used;
+    float *dst = b->arena + b->arena_used;
     g4_mat_row_f32(&t.mat, 0, dst);
     b->arena_used += (size_t)n;
     *out = dst;
@@ -82,7 +77,6 @@ static float round_to_dtype(float v, g4_dtype t) {
 g4_status g4_model_bind(g4_model *m, g4_error *err) {
     const g4_config *c = &m->cfg;
     int H = c->hidden, L = c->n_layers, P = c->ple_width;
-    binder b = {m, 0, 0, err};
     /* Count the vector floats: 4 norms per layer + q/k norms + MoE/PLE extras + globals. */
     size_t cap = (size_t)H + (size_t)P + 16;
     for (int i = 0; i < L; i++) {
@@ -90,20 +84,20 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
     }
     m->arena = malloc(cap * sizeof(float));
     if (!m->arena) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-    b.arena_cap = cap;
+    binder b = {&m->src, m->arena, 0, cap, &m->weight_bytes, err};
     m->layers = calloc((size_t)L, sizeof *m->layers);
     if (!m->layers) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
 
     g4_status st;
     g4_tensor_ref ref;
-    if ((st = bind_mat3(&b, "embed_tokens.weight", 0, c->vocab, H, &m->embed, &ref)) ||
-        (st = bind_vec(&b, "norm.weight", H, &m->final_norm)))
+    if ((st = g4_bind_mat(&b, "embed_tokens.weight", 0, c->vocab, H, &m->embed, &ref)) ||
+        (st = g4_bind_vec(&b, "norm.weight", H, &m->final_norm)))
         return st;
     m->embed_scale = round_to_dtype(sqrtf((float)H), ref.float_dtype);
     if (P > 0) {
-        if ((st = bind_mat3(&b, "embed_tokens_per_layer.weight", 0, c->ple_vocab, L * P, &m->ple_embed, &ref)) ||
+        if ((st = g4_bind_mat(&b, "embed_tokens_per_layer.weight", 0, c->ple_vocab, L * P, &m->ple_embed, &ref)) ||
             (st = bind_mat(&b, "per_layer_model_projection.weight", L * P, H, &m->ple_model_proj)) ||
-            (st = bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm)))
+            (st = g4_bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm)))
             return st;
         /* the PLE table is gathered one row per token, not streamed */
         m->weight_bytes -= g4_mat_bytes(&m->ple_embed);
@@ -115,12 +109,12 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
         int d = lc->head_dim, nq = c->n_heads * d, nkv = lc->n_kv_heads * d, I = lc->mlp_width;
         char n[128];
 #define NAME(s) (snprintf(n, sizeof n, "layers.%d.%s", i, s), n)
-        if ((st = bind_vec(&b, NAME("input_layernorm.weight"), H, &w->attn_norm)) ||
-            (st = bind_vec(&b, NAME("post_attention_layernorm.weight"), H, &w->post_attn_norm)) ||
-            (st = bind_vec(&b, NAME("pre_feedforward_layernorm.weight"), H, &w->pre_ffn_norm)) ||
-            (st = bind_vec(&b, NAME("post_feedforward_layernorm.weight"), H, &w->post_ffn_norm)) ||
+        if ((st = g4_bind_vec(&b, NAME("input_layernorm.weight"), H, &w->attn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("post_attention_layernorm.weight"), H, &w->post_attn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("pre_feedforward_layernorm.weight"), H, &w->pre_ffn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("post_feedforward_layernorm.weight"), H, &w->post_ffn_norm)) ||
             (st = bind_mat(&b, NAME("self_attn.q_proj.weight"), nq, H, &w->wq)) ||
-            (st = bind_vec(&b, NAME("self_attn.q_norm.weight"), d, &w->q_norm)) ||
+            (st = g4_bind_vec(&b, NAME("self_attn.q_norm.weight"), d, &w->q_norm)) ||
             (st = bind_mat(&b, NAME("self_attn.o_proj.weight"), H, nq, &w->wo)) ||
             (st = bind_mat(&b, NAME("mlp.gate_proj.weight"), I, H, &w->gate)) ||
             (st = bind_mat(&b, NAME("mlp.up_proj.weight"), I, H, &w->up)) ||
@@ -128,20 +122,20 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
             break;
         if (lc->kv_source == i) { /* shared layers' k/v weights, if present, are never read */
             if ((st = bind_mat(&b, NAME("self_attn.k_proj.weight"), nkv, H, &w->wk)) ||
-                (st = bind_vec(&b, NAME("self_attn.k_norm.weight"), d, &w->k_norm)))
+                (st = g4_bind_vec(&b, NAME("self_attn.k_norm.weight"), d, &w->k_norm)))
                 break;
             if (!lc->k_eq_v && (st = bind_mat(&b, NAME("self_attn.v_proj.weight"), nkv, H, &w->wv))) break;
         }
         if (c->moe) {
             int E = c->n_experts, Im = c->moe_width;
             if ((st = bind_mat(&b, NAME("router.proj.weight"), E, H, &w->router)) ||
-                (st = bind_vec(&b, NAME("router.scale"), H, &w->router_scale)) ||
-                (st = bind_vec(&b, NAME("router.per_expert_scale"), E, &w->expert_scale)) ||
-                (st = bind_mat3(&b, NAME("experts.gate_up_proj"), E, 2 * Im, H, &w->experts_gate_up, NULL)) ||
-                (st = bind_mat3(&b, NAME("experts.down_proj"), E, H, Im, &w->experts_down, NULL)) ||
-                (st = bind_vec(&b, NAME("pre_feedforward_layernorm_2.weight"), H, &w->pre_ffn_norm2)) ||
-                (st = bind_vec(&b, NAME("post_feedforward_layernorm_1.weight"), H, &w->post_ffn_norm1)) ||
-                (st = bind_vec(&b, NAME("post_feedforward_layernorm_2.weight"), H, &w->post_ffn_norm2)))
+                (st = g4_bind_vec(&b, NAME("router.scale"), H, &w->router_scale)) ||
+                (st = g4_bind_vec(&b, NAME("router.per_expert_scale"), E, &w->expert_scale)) ||
+                (st = g4_bind_mat(&b, NAME("experts.gate_up_proj"), E, 2 * Im, H, &w->experts_gate_up, NULL)) ||
+                (st = g4_bind_mat(&b, NAME("experts.down_proj"), E, H, Im, &w->experts_down, NULL)) ||
+                (st = g4_bind_vec(&b, NAME("pre_feedforward_layernorm_2.weight"), H, &w->pre_ffn_norm2)) ||
+                (st = g4_bind_vec(&b, NAME("post_feedforward_layernorm_1.weight"), H, &w->post_ffn_norm1)) ||
+                (st = g4_bind_vec(&b, NAME("post_feedforward_layernorm_2.weight"), H, &w->post_ffn_norm2)))
                 break;
             /* a token streams only its top-k experts */
             m->weight_bytes -= (g4_mat_bytes(&w->experts_gate_up) + g4_mat_bytes(&w->experts_down)) / E *
@@ -150,11 +144,11 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
         if (P > 0) {
             if ((st = bind_mat(&b, NAME("per_layer_input_gate.weight"), P, H, &w->ple_gate)) ||
                 (st = bind_mat(&b, NAME("per_layer_projection.weight"), H, P, &w->ple_proj)) ||
-                (st = bind_vec(&b, NAME("post_per_layer_input_norm.weight"), H, &w->post_ple_norm)))
+                (st = g4_bind_vec(&b, NAME("post_per_layer_input_norm.weight"), H, &w->post_ple_norm)))
                 break;
         }
         const float *scalar;
-        if ((st = bind_vec(&b, NAME("layer_scalar"), 1, &scalar))) break;
+        if ((st = g4_bind_vec(&b, NAME("layer_scalar"), 1, &scalar))) break;
         w->layer_scalar = scalar[0];
 #undef NAME
     }
