@@ -110,6 +110,69 @@ typedef enum g4_logits_mode {
 g4_status g4_session_forward(g4_session *s, const int32_t *tokens, int n, g4_logits_mode mode,
                              float *logits, g4_error *err);
 
+/* ---- Drafters (speculative decoding) ----------------------------------------------------- */
+
+typedef struct g4_drafter g4_drafter;
+
+/* Loads a Gemma 4 "assistant" drafter (gemma4_assistant / gemma4_unified_assistant) for target,
+ * checking that its geometry matches the target's (hidden size, KV heads, head dims, window,
+ * K=V). The target must outlive the drafter. */
+g4_status g4_drafter_load(const char *path, const g4_model *target, g4_drafter **out,
+                          g4_error *err);
+void g4_drafter_free(g4_drafter *d);
+
+/* Greedy drafting without verification (for conformance checks): after the session's last
+ * forward ended at position pos-1, proposes n_steps tokens following `token` (the target's token
+ * at pos). first_logits [vocab] and first_hidden [target hidden] (either may be NULL) receive the
+ * first step's drafter logits and projected hidden. */
+g4_status g4_drafter_propose(g4_drafter *d, g4_session *s, int32_t token, int n_steps,
+                             int32_t *drafts, float *first_logits, float *first_hidden,
+                             g4_error *err);
+
+/* ---- Generation -------------------------------------------------------------------------- */
+
+struct g4_sampler; /* include/g4_sample.h */
+
+enum { G4_MAX_DRAFT = 16 };
+
+typedef struct g4_generate_options {
+    int max_new;                 /* tokens to generate at most */
+    const int32_t *stop_tokens;  /* generation ends after emitting one of these (may be NULL) */
+    int n_stop;
+    struct g4_sampler *sampler;  /* NULL: greedy (argmax, lowest index on ties) */
+    g4_drafter *drafter;         /* NULL: no speculation */
+    int draft_k;                 /* most drafts per round, 1..G4_MAX_DRAFT (0: 4) */
+    int draft_fixed;             /* 1: always draft draft_k (else k adapts to recent acceptance) */
+    /* Called for every emitted token with the logits it was chosen from; a non-zero return ends
+     * generation after this token. May be NULL. */
+    int (*on_token)(void *user, int32_t token, const float *logits, int n_vocab);
+    void *user;
+    /* Benchmark mode: each drafted token is replaced by oracle[i] (i: index of the generated
+     * token it proposes) with probability oracle_alpha, else by a wrong token; the drafter still
+     * runs, so draft, verify and commit costs are real. NULL: off. */
+    const int32_t *oracle;
+    int n_oracle;
+    double oracle_alpha;
+    uint64_t oracle_seed;
+} g4_generate_options;
+
+typedef struct g4_generate_stats {
+    int n_prompt, n_generated;
+    double prefill_seconds, decode_seconds;
+    int rounds;                       /* speculative rounds */
+    int drafted, accepted;            /* draft tokens proposed / accepted */
+    int drafted_at[G4_MAX_DRAFT];     /* per draft position: proposed */
+    int accepted_at[G4_MAX_DRAFT];    /* per draft position: accepted */
+    double draft_seconds;             /* time spent in the drafter */
+} g4_generate_stats;
+
+/* Prefills prompt (n_prompt >= 1) after what the session already holds, then generates. The last
+ * emitted token is not fed to the model: to continue the sequence, start the next prompt with it.
+ * With a drafter, greedy output is identical to drafter-free output, token for token and logit
+ * for logit; with a sampler, the output distribution is unchanged (speculative sampling). */
+g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt,
+                      const g4_generate_options *opts, g4_generate_stats *stats, g4_error *err);
+
 /* Greedy decoding: prefill the prompt, then append up to max_new argmax tokens to out, stopping
  * after a token listed in stop (may be NULL). *n_out receives the count. */
 g4_status g4_generate_greedy(g4_session *s, const int32_t *prompt, int n_prompt, int max_new,

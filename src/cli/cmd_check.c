@@ -199,6 +199,148 @@ static int argmax(const float *x, int n) {
     return b;
 }
 
+/* ---- the drafter (DIR/assistant) ----------------------------------------------------------- */
+
+typedef struct {
+    int32_t *tokens;
+    float *logits;
+    int n, cap, V;
+} token_log;
+
+static int log_token(void *user, int32_t tok, const float *logits, int n_vocab) {
+    token_log *l = user;
+    if (l->n < l->cap) {
+        l->tokens[l->n] = tok;
+        memcpy(l->logits + (size_t)l->n * n_vocab, logits, sizeof(float) * n_vocab);
+        l->n++;
+    }
+    return 0;
+}
+
+/* Draft tokens and first-step logits of every case, then drafted greedy generation == plain. */
+static int check_assistant(const char *dir, g4_model *model, g4_session *sess, const int32_t *gprompt, int n_gp,
+                           int n_gen, int V, int H, int *ok) {
+    char adir[4096], path[4200];
+    snprintf(adir, sizeof adir, "%s/assistant", dir);
+    snprintf(path, sizeof path, "%s/config.json", adir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0;
+    g4_error err = {0};
+    g4_drafter *d = NULL;
+    cJSON *ref = NULL;
+    int32_t *seq = NULL, *want = NULL;
+    float *lg = NULL, *want_lg = NULL, *hid = NULL, *want_hid = NULL;
+    token_log plain = {0}, drafted = {0};
+    int rc = -1;
+    if (g4_drafter_load(adir, model, &d, &err)) {
+        fprintf(stderr, "g4 check: %s\n", err.message);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/reference.json", adir);
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    long len = 0;
+    if (f && !fseek(f, 0, SEEK_END) && (len = ftell(f)) >= 0 && !fseek(f, 0, SEEK_SET) && (text = malloc((size_t)len + 1)) &&
+        fread(text, 1, (size_t)len, f) == (size_t)len) {
+        text[len] = 0;
+        ref = cJSON_Parse(text);
+    }
+    if (f) fclose(f);
+    free(text);
+    int n_seq = 0;
+    const cJSON *cases = ref ? cJSON_GetObjectItem(ref, "cases") : NULL, *nds = ref ? cJSON_GetObjectItem(ref, "num_draft_steps") : NULL;
+    if (!cJSON_IsArray(cases) || !cJSON_IsNumber(nds) || nds->valueint < 1 || nds->valueint > 64 ||
+        json_ints(cJSON_GetObjectItem(ref, "sequence"), &seq, &n_seq, "sequence")) {
+        fprintf(stderr, "g4 check: %s: needs \"sequence\", \"num_draft_steps\" and \"cases\"\n", path);
+        goto out;
+    }
+    int steps = nds->valueint, agree = 0, total = 0, ncase = 0;
+    double worst_lg = 0, worst_h = 0;
+    lg = malloc(sizeof(float) * V);
+    hid = malloc(sizeof(float) * H);
+    int32_t drafts[64];
+    for (const cJSON *cs = cases->child; cs; cs = cs->next, ncase++) {
+        const cJSON *jp = cJSON_GetObjectItem(cs, "p"), *lf = cJSON_GetObjectItem(cs, "step1_logits_file"),
+                    *hf = cJSON_GetObjectItem(cs, "step1_projected_hidden_file");
+        int n_want = 0;
+        free(want);
+        want = NULL;
+        if (!cJSON_IsNumber(jp) || jp->valueint < 1 || jp->valueint >= n_seq || !cJSON_IsString(lf) ||
+            json_ints(cJSON_GetObjectItem(cs, "draft_tokens"), &want, &n_want, "draft_tokens") || n_want > steps) {
+            fprintf(stderr, "g4 check: %s: case %d is malformed\n", path, ncase);
+            goto out;
+        }
+        int p = jp->valueint;
+        free(want_lg);
+        free(want_hid);
+        want_hid = NULL;
+        if (read_f32(adir, lf->valuestring, (size_t)V, &want_lg)) goto out;
+        if (cJSON_IsString(hf) && read_f32(adir, hf->valuestring, (size_t)H, &want_hid)) goto out;
+        g4_session_reset(sess);
+        if (g4_session_forward(sess, seq, p, G4_LOGITS_NONE, NULL, &err) ||
+            g4_drafter_propose(d, sess, seq[p], n_want, drafts, lg, hid, &err)) {
+            fprintf(stderr, "g4 check: %s\n", err.message);
+            goto out;
+        }
+        for (int i = 0; i < n_want; i++) agree += drafts[i] == want[i];
+        total += n_want;
+        double e = max_abs_diff(lg, want_lg, (size_t)V);
+        worst_lg = e > worst_lg ? e : worst_lg;
+        if (want_hid) {
+            double r = max_abs_diff(hid, want_hid, (size_t)H) / (max_abs(want_hid, (size_t)H) + 1e-9);
+            worst_h = r > worst_h ? r : worst_h;
+        }
+    }
+    printf("  drafter: %d cases, draft tokens %d/%d, step-1 logits max |error| %.2e, projected hidden rel. error %.1e\n",
+           ncase, agree, total, worst_lg, worst_h);
+    if (agree != total || !(worst_lg <= 2e-3)) *ok = 0;
+    /* drafted greedy == plain greedy, tokens and logits bitwise, for k = 1..6 */
+    plain = (token_log){malloc(sizeof(int32_t) * n_gen), malloc(sizeof(float) * (size_t)n_gen * V), 0, n_gen, V};
+    drafted = (token_log){malloc(sizeof(int32_t) * n_gen), malloc(sizeof(float) * (size_t)n_gen * V), 0, n_gen, V};
+    g4_generate_options o = {.max_new = n_gen, .on_token = log_token, .user = &plain};
+    g4_session_reset(sess);
+    if (g4_generate(sess, gprompt, n_gp, &o, NULL, &err)) {
+        fprintf(stderr, "g4 check: %s\n", err.message);
+        goto out;
+    }
+    int same_all = 1, acc = 0, drf = 0;
+    for (int k = 1; k <= 6; k++) {
+        drafted.n = 0;
+        g4_generate_options od = {.max_new = n_gen, .on_token = log_token, .user = &drafted, .drafter = d, .draft_k = k,
+                                  .draft_fixed = 1};
+        g4_generate_stats gs;
+        g4_session_reset(sess);
+        if (g4_generate(sess, gprompt, n_gp, &od, &gs, &err)) {
+            fprintf(stderr, "g4 check: %s\n", err.message);
+            goto out;
+        }
+        int same = drafted.n == plain.n && !memcmp(drafted.tokens, plain.tokens, sizeof(int32_t) * plain.n) &&
+                   !memcmp(drafted.logits, plain.logits, sizeof(float) * (size_t)plain.n * V);
+        if (!same) printf("  drafted generation with k = %d differs from plain greedy\n", k);
+        same_all &= same;
+        acc += gs.accepted;
+        drf += gs.drafted;
+    }
+    printf("  drafted greedy (k = 1..6, %d tokens each): %s; %d of %d drafts accepted\n", n_gen,
+           same_all ? "identical to plain greedy, tokens and logits bitwise" : "DIFFERS", acc, drf);
+    if (!same_all) *ok = 0;
+    rc = 1;
+out:
+    g4_drafter_free(d);
+    cJSON_Delete(ref);
+    free(seq);
+    free(want);
+    free(lg);
+    free(want_lg);
+    free(hid);
+    free(want_hid);
+    free(plain.tokens);
+    free(plain.logits);
+    free(drafted.tokens);
+    free(drafted.logits);
+    return rc;
+}
+
 int cmd_check(int argc, char **argv) {
     const char *dir = NULL, *dump_dir = NULL, *dump_pos = NULL;
     int threads = 0, chunk = 64;
@@ -403,8 +545,10 @@ int cmd_check(int argc, char **argv) {
     printf("  greedy: %d/%d teacher-forced steps agree; free-running generation matches the first %d/%d\n", agree,
            n_gt, free_agree, n_gt);
     if (bad) ok = 0;
-    printf("check %s: %s  logits %.2e  hidden %.1e  greedy %d/%d\n", dir, ok ? "PASS" : "FAIL", lerr, worst_row, agree,
-           n_gt);
+    int drafter_checked = check_assistant(dir, model, sess, gprompt, n_gp, n_gt, V, H, &ok);
+    if (drafter_checked < 0) goto done;
+    printf("check %s: %s  logits %.2e  hidden %.1e  greedy %d/%d%s\n", dir, ok ? "PASS" : "FAIL", lerr, worst_row, agree,
+           n_gt, drafter_checked ? "  drafter checked" : "");
     rc = ok ? 0 : 1;
 done:
     collector_free(&col);

@@ -94,7 +94,7 @@ static g4_status parse_text_config(const cJSON *tc, const char *path, int drafte
         (st = get_int(&r, "num_kv_shared_layers", 0, -MAX_LAYERS, MAX_LAYERS, &c->n_kv_shared)) ||
         (st = get_int(&r, "intermediate_size", -2, 1, MAX_WIDTH, &c->intermediate)) ||
         (st = get_int(&r, "hidden_size_per_layer_input", 0, 0, MAX_WIDTH, &c->ple_width)) ||
-        (st = get_int(&r, "vocab_size_per_layer_input", c->vocab, 1, MAX_VOCAB, &c->ple_vocab)) ||
+        (st = get_int(&r, "vocab_size_per_layer_input", c->vocab, 0, MAX_VOCAB, &c->ple_vocab)) ||
         (st = get_int(&r, "max_position_embeddings", 131072, 1, 1 << 30, &c->max_positions)) ||
         (st = get_int(&r, "bos_token_id", 2, 0, MAX_VOCAB, &c->bos)) ||
         (st = get_int(&r, "pad_token_id", 0, 0, MAX_VOCAB, &c->pad)) ||

@@ -325,6 +325,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
                            tokens[m], m, c->vocab);
     s->stage_pos = s->pos;
     s->n_staged = M;
+    s->n_staged_last = M;
 
     /* RoPE angles for this block, per kind: inv_freq[i] = theta^(-2i/d) over the full d */
     for (int m = 0; m < M; m++)

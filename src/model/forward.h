@@ -25,6 +25,8 @@ typedef struct g4_state {
     int *cache_cap;             /* ring length (sliding) or n_ctx (full) */
     float **k_stage, **v_stage; /* [max_batch][nKV·d] */
     int stage_pos, n_staged;    /* staging holds positions [stage_pos, stage_pos + n_staged) */
+    int n_staged_last;          /* tokens in the last forward: after it, a[m·H] (m < this) holds
+                                   the final-normed hidden of its m-th token */
     /* activations, [max_batch][...] */
     float *x, *a, *q, *kv, *att, *t, *ffn, *gate, *up, *ple, *ple_tmp;
     float *scores;              /* [n_threads][n_ctx] */

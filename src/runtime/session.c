@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "util/error.h"
 #include "util/threadpool.h"
+#include "runtime/session.h"
 
 void g4_model_get_info(const g4_model *m, g4_model_info *info) {
     const g4_config *c = &m->cfg;
@@ -42,11 +43,6 @@ g4_status g4_model_get_layer(const g4_model *m, int layer, g4_layer_info *info) 
     return G4_OK;
 }
 
-struct g4_session {
-    g4_model *m;
-    g4_threadpool *pool;
-    g4_state st;
-};
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out, g4_error *err) {
     *out = NULL;
@@ -107,32 +103,6 @@ g4_status g4_session_forward(g4_session *s, const int32_t *tokens, int n, g4_log
         done += M;
     }
     return G4_OK;
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
-g4_status g4_generate_greedy(g4_session *s, const int32_t *prompt, int n_prompt, int max_new, const int32_t *stop,
-                             int n_stop, int32_t *out, int *n_out, g4_error *err) {
-    *n_out = 0;
-    if (max_new < 0) return g4_fail(err, G4_ERR_ARG, "max_new must not be negative");
-    float *logits = malloc(sizeof(float) * (size_t)s->m->cfg.vocab);
-    if (!logits) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
-    g4_status st = g4_session_forward(s, prompt, n_prompt, G4_LOGITS_LAST, logits, err);
-    for (int i = 0; !st && i < max_new; i++) {
-        int32_t t = argmax(logits, s->m->cfg.vocab);
-        out[(*n_out)++] = t;
-        int stopped = 0;
-        for (int k = 0; k < n_stop && !stopped; k++) stopped = stop[k] == t;
-        if (stopped || i + 1 == max_new) break;
-        st = g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, err);
-    }
-    free(logits);
-    return st;
 }
 
 g4_status g4_session_set_dump(g4_session *s, g4_dump_fn fn, void *user, const int *positions, int n_positions) {

@@ -1,0 +1,304 @@
+/* Generation: plain decoding and lossless speculative decoding with the Gemma 4 drafter.
+ *
+ * Why speculation cannot change the output: a verify block [t, d1 … dk] is one forward of k+1
+ * positions, and the forward's logits for a position are bitwise the same for any block size
+ * (the exactness contract); the target's own choice at each position decides which drafts
+ * survive, and only the K/V rows of surviving positions are committed (staged rows of rejected
+ * positions are dropped, so a sliding-window ring never sees them). Greedy output is therefore
+ * identical to plain decoding, logits included; with a sampler, speculative sampling (accept d
+ * with probability min(1, p(d)/q(d)), else draw from max(0, p − q)) leaves the distribution
+ * unchanged. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "g4.h"
+#include "g4_sample.h"
+#include "model/drafter.h"
+#include "runtime/session.h"
+#include "util/error.h"
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* A generator for the oracle benchmark mode (splitmix64). */
+static uint64_t mix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Inverse-CDF draw from probs[n] with u in [0, 1). */
+static int32_t draw(const float *probs, int n, double u) {
+    double c = 0;
+    int32_t last = 0;
+    for (int i = 0; i < n; i++) {
+        if (probs[i] <= 0) continue;
+        c += probs[i];
+        last = i;
+        if (u < c) return i;
+    }
+    return last; /* rounding left u above the total */
+}
+
+typedef struct {
+    g4_session *s;
+    const g4_generate_options *o;
+    g4_generate_stats *st;
+    int V, done;
+    g4_error *err;
+} gen_ctx;
+
+/* Emits one token: callback, sampler history, stop checks. Returns the g4_status of accepting. */
+static g4_status emit(gen_ctx *g, int32_t tok, const float *logits) {
+    const g4_generate_options *o = g->o;
+    g->st->n_generated++;
+    if (o->sampler) {
+        g4_status st = g4_sampler_accept(o->sampler, tok, g->err);
+        if (st) return st;
+    }
+    if (o->on_token && o->on_token(o->user, tok, logits, g->V)) g->done = 1;
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop_tokens[i] == tok) g->done = 1;
+    if (g->st->n_generated >= o->max_new) g->done = 1;
+    return G4_OK;
+}
+
+/* The target's choice from one row of logits. */
+static g4_status choose(gen_ctx *g, const float *logits, int32_t *tok) {
+    if (!g->o->sampler) {
+        *tok = argmax(logits, g->V);
+        return G4_OK;
+    }
+    return g4_sampler_sample(g->o->sampler, logits, g->V, tok, g->err);
+}
+
+g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_options *o,
+                      g4_generate_stats *stats, g4_error *err) {
+    g4_generate_stats local;
+    if (!stats) stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (!o || n_prompt < 1 || !prompt) return g4_fail(err, G4_ERR_ARG, "generation needs options and a prompt of at least one token");
+    if (o->max_new < 0) return g4_fail(err, G4_ERR_ARG, "max_new must not be negative");
+    if (o->draft_k < 0 || o->draft_k > G4_MAX_DRAFT)
+        return g4_fail(err, G4_ERR_ARG, "draft_k %d outside 1..%d", o->draft_k, G4_MAX_DRAFT);
+    if (o->drafter && o->drafter->target != s->m)
+        return g4_fail(err, G4_ERR_ARG, "the drafter was loaded for another model");
+    g4_state *ts = &s->st;
+    const g4_config *c = &s->m->cfg;
+    int V = c->vocab, H = c->hidden;
+    int kmax = o->draft_k ? o->draft_k : 4;
+    if (kmax > ts->max_batch - 1) kmax = ts->max_batch - 1;
+    int spec = o->drafter && kmax >= 1;
+    /* one allocation per call: verify logits, drafter logits/probabilities, hidden carry */
+    size_t rows = spec ? (size_t)kmax + 1 : 1;
+    float *logits = malloc(sizeof(float) * rows * V);
+    float *dlogits = spec ? malloc(sizeof(float) * V) : NULL;
+    float *qprobs = spec && o->sampler ? malloc(sizeof(float) * (size_t)kmax * V) : NULL;
+    float *pprobs = spec && o->sampler ? malloc(sizeof(float) * V) : NULL;
+    float *hid = spec ? malloc(sizeof(float) * H) : NULL, *hcarry = spec ? malloc(sizeof(float) * H) : NULL;
+    g4_draft_state ds = {0};
+    g4_status st = G4_OK;
+    if (!logits || (spec && (!dlogits || !hid || !hcarry)) || (spec && o->sampler && (!qprobs || !pprobs)))
+        st = g4_fail(err, G4_ERR_NOMEM, "out of memory for generation buffers");
+    if (!st && spec) st = g4_draft_state_init(&ds, o->drafter, ts->n_ctx, err);
+    gen_ctx g = {s, o, stats, V, 0, err};
+
+    double t0 = now_seconds();
+    stats->n_prompt = n_prompt;
+    if (!st) st = g4_session_forward(s, prompt, n_prompt, G4_LOGITS_LAST, logits, err);
+    /* the final-normed hidden of the last prompt position (the drafter's first input) */
+    if (!st && spec) memcpy(hid, ts->a + (size_t)(ts->n_staged_last - 1) * H, sizeof(float) * H);
+    double t1 = now_seconds();
+    stats->prefill_seconds = t1 - t0;
+    int32_t t = 0;
+    if (!st && o->max_new > 0) {
+        st = choose(&g, logits, &t);
+        if (!st) st = emit(&g, t, logits);
+    } else {
+        g.done = 1;
+    }
+    int k_cur = kmax, skip = 0;
+    double acc_ema = 1.0;
+    uint64_t orng = o->oracle_seed;
+    int32_t drafts[G4_MAX_DRAFT];
+    while (!st && !g.done) {
+        int p = ts->pos; /* t = seq[p] is emitted but not yet in the cache */
+        int room = ts->n_ctx - p - 1, remaining = o->max_new - stats->n_generated;
+        int k = spec && !skip ? k_cur : 0;
+        if (k > remaining - 1) k = remaining - 1;
+        if (k > room) k = room;
+        if (k < 0) k = 0;
+        if (p >= ts->n_ctx) {
+            st = g4_fail(err, G4_ERR_CONTEXT_FULL, "context full: %d tokens fill the context length %d", p, ts->n_ctx);
+            break;
+        }
+        if (skip) skip--;
+        if (k == 0) { /* plain step */
+            st = g4_forward(ts, s->pool, &t, 1, logits, 1, err);
+            if (st) break;
+            g4_state_commit(ts, 1);
+            if (spec) memcpy(hid, ts->a, sizeof(float) * H);
+            st = choose(&g, logits, &t);
+            if (!st) st = emit(&g, t, logits);
+            continue;
+        }
+        /* draft k tokens, each step feeding the previous proposal and the carried hidden */
+        double d0 = now_seconds();
+        memcpy(hcarry, hid, sizeof(float) * H);
+        int32_t in = t;
+        for (int i = 0; i < k && !st; i++) {
+            g4_draft_step(o->drafter, &ds, ts, s->pool, in, hcarry, p - 1, dlogits);
+            if (o->sampler) {
+                float *q = qprobs + (size_t)i * V;
+                st = g4_sampler_probs(o->sampler, dlogits, V, q, err);
+                if (!st) drafts[i] = draw(q, V, g4_sampler_uniform(o->sampler));
+            } else {
+                drafts[i] = argmax(dlogits, V);
+            }
+            if (o->oracle) { /* benchmark: a proposal right with probability alpha */
+                int idx = stats->n_generated + i;
+                int32_t truth = idx < o->n_oracle ? o->oracle[idx] : drafts[i];
+                double u = (double)(mix64(&orng) >> 11) * 0x1.0p-53;
+                drafts[i] = u < o->oracle_alpha ? truth : (truth + 1) % V;
+            }
+            in = drafts[i];
+        }
+        stats->draft_seconds += now_seconds() - d0;
+        if (st) break;
+        /* verify [t, d1 … dk] in one forward */
+        int32_t block[G4_MAX_DRAFT + 1];
+        block[0] = t;
+        memcpy(block + 1, drafts, sizeof(int32_t) * (size_t)k);
+        st = g4_forward(ts, s->pool, block, k + 1, logits, 1, err);
+        if (st) break;
+        stats->rounds++;
+        stats->drafted += k;
+        int n = 0, fed = 1; /* accepted drafts; rows whose tokens the cache must keep */
+        int32_t next = 0;
+        for (int i = 0; i < k && !st; i++) {
+            const float *row = logits + (size_t)i * V;
+            stats->drafted_at[i]++;
+            int accept;
+            if (o->sampler) {
+                st = g4_sampler_probs(o->sampler, row, V, pprobs, err);
+                if (st) break;
+                const float *q = qprobs + (size_t)i * V;
+                double u = g4_sampler_uniform(o->sampler);
+                accept = u * q[drafts[i]] < pprobs[drafts[i]];
+                if (!accept) { /* residual distribution max(0, p − q) */
+                    double z = 0;
+                    for (int v = 0; v < V; v++) z += (pprobs[v] = pprobs[v] > q[v] ? pprobs[v] - q[v] : 0);
+                    if (z > 0)
+                        for (int v = 0; v < V; v++) pprobs[v] = (float)(pprobs[v] / z);
+                    else
+                        st = g4_sampler_probs(o->sampler, row, V, pprobs, err);
+                    next = draw(pprobs, V, g4_sampler_uniform(o->sampler));
+                }
+            } else {
+                next = argmax(row, V);
+                accept = next == drafts[i];
+            }
+            if (st) break;
+            if (!accept) break;
+            n++;
+            stats->accepted_at[i]++;
+            st = emit(&g, drafts[i], row);
+            if (g.done) break;
+            fed++;
+        }
+        if (st) break;
+        stats->accepted += n;
+        if (g.done) { /* a stop inside the drafts: keep the rows before the last emitted token */
+            g4_state_commit(ts, fed);
+            break;
+        }
+        const float *row = logits + (size_t)n * V;
+        if (n == k) st = choose(&g, row, &next); /* every draft accepted: the bonus token */
+        if (st) break;
+        g4_state_commit(ts, n + 1);
+        memcpy(hid, ts->a + (size_t)n * H, sizeof(float) * H);
+        t = next;
+        st = emit(&g, t, row);
+        /* adapt k: grow after a clean sweep, shrink to what was accepted; pause drafting while
+         * acceptance is too low to pay for the drafter */
+        if (!o->draft_fixed) {
+            k_cur = n == k ? (k_cur < kmax ? k_cur + 1 : kmax) : (n + 1 < kmax ? n + 1 : kmax);
+            acc_ema = 0.8 * acc_ema + 0.2 * ((double)n / k);
+            if (acc_ema < 0.15) {
+                skip = 16;
+                acc_ema = 0.5;
+                k_cur = 1;
+            }
+        }
+    }
+    stats->decode_seconds = now_seconds() - t1;
+    if (spec) g4_draft_state_free(&ds);
+    free(logits);
+    free(dlogits);
+    free(qprobs);
+    free(pprobs);
+    free(hid);
+    free(hcarry);
+    return st;
+}
+
+g4_status g4_drafter_propose(g4_drafter *d, g4_session *s, int32_t token, int n_steps, int32_t *drafts,
+                             float *first_logits, float *first_hidden, g4_error *err) {
+    g4_state *ts = &s->st;
+    const g4_config *c = &s->m->cfg;
+    if (d->target != s->m) return g4_fail(err, G4_ERR_ARG, "the drafter was loaded for another model");
+    if (ts->pos < 1 || ts->n_staged_last < 1 || token < 0 || token >= c->vocab || n_steps < 0)
+        return g4_fail(err, G4_ERR_ARG, "drafting needs a session that has run a forward, a valid token and steps >= 0");
+    int V = c->vocab, H = c->hidden;
+    float *hid = malloc(sizeof(float) * H), *lg = malloc(sizeof(float) * V);
+    g4_draft_state ds;
+    g4_status st = hid && lg ? g4_draft_state_init(&ds, d, ts->n_ctx, err) : g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    if (!st) {
+        memcpy(hid, ts->a + (size_t)(ts->n_staged_last - 1) * H, sizeof(float) * H);
+        for (int i = 0; i < n_steps; i++) {
+            g4_draft_step(d, &ds, ts, s->pool, token, hid, ts->pos - 1, lg);
+            if (i == 0 && first_logits) memcpy(first_logits, lg, sizeof(float) * V);
+            if (i == 0 && first_hidden) memcpy(first_hidden, hid, sizeof(float) * H);
+            drafts[i] = token = argmax(lg, V);
+        }
+        g4_draft_state_free(&ds);
+    }
+    free(hid);
+    free(lg);
+    return st;
+}
+
+typedef struct {
+    int32_t *out;
+    int n;
+} collect_ctx;
+
+static int collect_token(void *user, int32_t tok, const float *logits, int n_vocab) {
+    (void)logits;
+    (void)n_vocab;
+    collect_ctx *c = user;
+    c->out[c->n++] = tok;
+    return 0;
+}
+
+g4_status g4_generate_greedy(g4_session *s, const int32_t *prompt, int n_prompt, int max_new, const int32_t *stop,
+                             int n_stop, int32_t *out, int *n_out, g4_error *err) {
+    collect_ctx c = {out, 0};
+    g4_generate_options o = {.max_new = max_new, .stop_tokens = stop, .n_stop = n_stop, .on_token = collect_token, .user = &c};
+    g4_status st = g4_generate(s, prompt, n_prompt, &o, NULL, err);
+    *n_out = c.n;
+    return st;
+}
