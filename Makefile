@@ -1,5 +1,6 @@
 # g4 build. `make` builds build/libg4.a and build/g4; `make test` runs every test, optimised and
-# then under AddressSanitizer + UBSan ($(BUILD)-san/); `make test-fast` runs only the optimised pass.
+# then under AddressSanitizer + UBSan ($(BUILD)-san/; long generation tests shortened 4x there);
+# `make test-fast` runs only the optimised pass.
 BUILD    ?= build
 CC       ?= cc
 # -ffp-contract=off: the exactness contract forbids the compiler fusing a*b+c differently in two
@@ -49,7 +50,7 @@ test-fast: all
 	bash tests/run.sh $(BUILD)
 
 sanitize:
-	$(MAKE) BUILD=$(BUILD)-san OPT="$(SANFLAGS)" test-fast
+	G4_TEST_SCALE=4 $(MAKE) BUILD=$(BUILD)-san OPT="$(SANFLAGS)" test-fast
 
 clean:
 	rm -rf build build-san
