@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "g4_sample.h"
+#include "runtime/sampler_internal.h"
 
 enum { V = 262144, ROWS = 4 };
 
@@ -50,17 +51,22 @@ static double median(double *t, int n) {
     return t[n / 2];
 }
 
-/* Median and mean microseconds per g4_sampler_sample call. */
-static int bench_mode(const char *name, g4_sampler_options o, float **rows, int iters,
-                      double *times) {
+/* Median and mean microseconds per g4_sampler_sample call, with the kernels of `width` lanes
+ * (0: the widest this CPU runs). A width the CPU lacks is skipped. */
+static int bench_width(const char *name, g4_sampler_options o, int width, float **rows, int iters,
+                       double *times) {
     g4_sampler *s = NULL;
     g4_error err = {0};
-    if (g4_sampler_create(&o, V, &s, &err) != G4_OK) {
+    g4_status st = g4_sampler_create_width(&o, V, width, &s, &err);
+    if (st == G4_ERR_UNSUPPORTED) return 0;
+    if (st != G4_OK) {
         fprintf(stderr, "%s: %s\n", name, err.message);
         return 1;
     }
-    /* A full penalty window, as after a while of decoding. */
-    for (int i = 0; i < o.penalty_last_n; i++) g4_sampler_accept(s, (int32_t)(uniform() * V), NULL);
+    /* A full penalty window, as after a while of decoding (spread-out tokens; not from the
+     * logits' generator, so every mode sees the same rows). */
+    for (int i = 0; i < o.penalty_last_n; i++)
+        g4_sampler_accept(s, (int32_t)(((int64_t)i * 104729) % V), NULL);
     int32_t tok = 0;
     for (int i = 0; i < 20; i++) g4_sampler_sample(s, rows[i % ROWS], V, &tok, NULL);
     double sum = 0.0;
@@ -80,6 +86,11 @@ static int bench_mode(const char *name, g4_sampler_options o, float **rows, int 
            tok_sum);
     g4_sampler_free(s);
     return 0;
+}
+
+static int bench_mode(const char *name, g4_sampler_options o, float **rows, int iters,
+                      double *times) {
+    return bench_width(name, o, 0, rows, iters, times);
 }
 
 int main(int argc, char **argv) {
@@ -143,6 +154,14 @@ int main(int argc, char **argv) {
         bad |= bench_mode("all: pen+T 1+k 64+p .95+min .05", o, rows, iters, times);
         o.top_k = 0;
         bad |= bench_mode("all but top-k", o, rows, iters, times);
+        if (d == 0) {
+            /* The same work on each vector width this CPU runs (same bits, different speed). */
+            o = g4_sampler_default_options();
+            o.temperature = 0.8f;
+            bad |= bench_width("temperature 0.8, 4 lanes (SSE2)", o, 4, rows, iters, times);
+            bad |= bench_width("temperature 0.8, 8 lanes (AVX2)", o, 8, rows, iters, times);
+            bad |= bench_width("temperature 0.8, 16 lanes (AVX-512)", o, 16, rows, iters, times);
+        }
         if (bad) return 1;
     }
     printf("\n(sink %g)\n", (double)sink);

@@ -7,7 +7,11 @@
 
 /* One line per subcommand; keep in alphabetical order. */
 static const cli_command commands[] = {
+    {"chat", "interactive multi-turn chat", cmd_chat},
     {"check", "conformance against a folder in the fixture format", cmd_check},
+    {"detokenize", "token ids on stdin to text", cmd_detokenize},
+    {"run", "answer one prompt, streamed to stdout", cmd_run},
+    {"tokenize", "text on stdin to token ids", cmd_tokenize},
 };
 
 int cli_parse_int(const char *opt, const char *val, int min, int max, int *out) {
