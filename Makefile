@@ -11,6 +11,23 @@ CFLAGS   := $(OPT) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -ffp-contract=of
 LDLIBS   := $(shell pkg-config --libs libcjson 2>/dev/null || echo -lcjson) -lm -pthread
 SANFLAGS  = -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 
+# CUDA: when nvcc is found (PATH or /usr/local/cuda), src/cuda/*.cu go into libg4.a (G4_HAVE_CUDA)
+# and the CUDA runtime is linked statically, so every binary still runs where there is no GPU or
+# driver (a CUDA session then fails with "no CUDA device/driver"). NVCC= (empty) builds without.
+# -fmad=false: as -ffp-contract=off on the CPU, no multiply-add is fused unless written as fmaf.
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
+NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -fmad=false -Werror all-warnings \
+            -Xcompiler -Wall,-Wextra,-Werror -Iinclude -Isrc $(shell pkg-config --cflags libcjson 2>/dev/null)
+CFLAGS   += -DG4_HAVE_CUDA
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
+endif
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+GPU_BIN  := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
+
 # EXCLUDE: sources to leave out (e.g. work in progress), as paths relative to the root
 LIB_SRC  := $(filter-out $(EXCLUDE),$(sort $(wildcard src/util/*.c src/formats/*.c src/model/*.c src/runtime/*.c src/cpu/*.c src/text/*.c)))
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
@@ -22,9 +39,9 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-all: $(BUILD)/g4 $(TEST_BIN) $(BENCH_BIN)
+all: $(BUILD)/g4 $(TEST_BIN) $(BENCH_BIN) $(GPU_BIN)
 
-$(BUILD)/libg4.a: $(LIB_OBJ)
+$(BUILD)/libg4.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
@@ -43,6 +60,15 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
+
+# GPU tests (tests/gpu/, run by scripts/gpu_suite.sh on a machine with a GPU; never by `make test`)
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(BUILD)/libg4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libg4.a $(LDLIBS)
+
 # The README's test command: the whole suite, optimised and then under ASan + UBSan.
 test: test-fast sanitize
 
@@ -56,4 +82,4 @@ clean:
 	rm -rf build build-san
 
 .PHONY: all test test-fast sanitize clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d)

@@ -9,15 +9,19 @@ typedef struct cli_command {
     int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
 } cli_command;
 
+int cmd_bench(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 
 /* Parses a non-negative int option value; prints an error naming opt and returns -1 if bad. */
 int cli_parse_int(const char *opt, const char *val, int min, int max, int *out);
 
+/* Shared by g4 synth and g4 convert (cmd_synth.c). */
 struct g4_writer_options;
 /* --bits, --group, --threads, --tokenizer-from, --multimodal, --text-only: 1 when argv[*i] was one
  * (its value consumed), -1 on a bad value (message printed), 0 otherwise. */

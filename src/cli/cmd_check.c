@@ -21,6 +21,7 @@ static void check_usage(FILE *f) {
             "options:\n"
             "  --threads N      worker threads (default: all CPUs)\n"
             "  --chunk N        tokens per forward step (default 64)\n"
+            "  --device D       cpu (default) or cuda\n"
             "  --dump OUTDIR    write named intermediates as OUTDIR/<name>.f32, rows ordered\n"
             "                   [layer][position][values] as in the fixture's hidden.f32 (rows of\n"
             "                   narrower layers zero-padded to the widest), plus\n"
@@ -343,7 +344,7 @@ out:
 
 int cmd_check(int argc, char **argv) {
     const char *dir = NULL, *dump_dir = NULL, *dump_pos = NULL;
-    int threads = 0, chunk = 64;
+    int threads = 0, chunk = 64, device = G4_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -353,6 +354,14 @@ int cmd_check(int argc, char **argv) {
             if (cli_parse_int(a, i + 1 < argc ? argv[++i] : NULL, 1, 256, &threads)) return 2;
         } else if (!strcmp(a, "--chunk")) {
             if (cli_parse_int(a, i + 1 < argc ? argv[++i] : NULL, 1, 1 << 20, &chunk)) return 2;
+        } else if (!strcmp(a, "--device")) {
+            const char *v = i + 1 < argc ? argv[++i] : "";
+            if (!strcmp(v, "cpu")) device = G4_DEVICE_CPU;
+            else if (!strcmp(v, "cuda")) device = G4_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "g4 check: --device: '%s' is not cpu or cuda\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--dump")) {
             dump_dir = i + 1 < argc ? argv[++i] : NULL;
         } else if (!strcmp(a, "--dump-pos")) {
@@ -430,7 +439,8 @@ int cmd_check(int argc, char **argv) {
     g4_model_info info;
     g4_model_get_info(model, &info);
     int V = info.vocab, H = info.hidden, L = info.n_layers, P = info.ple_width;
-    g4_session_options so = {.n_ctx = n_tok > n_gp + n_gt ? n_tok : n_gp + n_gt, .n_threads = threads, .max_batch = chunk};
+    g4_session_options so = {.n_ctx = n_tok > n_gp + n_gt ? n_tok : n_gp + n_gt, .n_threads = threads, .max_batch = chunk,
+                             .device = device};
     if (g4_session_create(model, &so, &sess, &err)) {
         fprintf(stderr, "g4 check: %s\n", err.message);
         goto done;
@@ -441,8 +451,8 @@ int cmd_check(int argc, char **argv) {
     if (cJSON_IsString(hf) && read_f32(dir, hf->valuestring, (size_t)(L + 2) * n_tok * H, &want_hidden)) goto done;
     if (cJSON_IsString(pf) && P && read_f32(dir, pf->valuestring, (size_t)n_tok * L * P, &want_ple)) goto done;
 
-    printf("model %s: %s, %d layers, hidden %d, vocab %d, embed scale %g\n", dir, info.arch, L, H, V,
-           (double)info.embed_scale);
+    printf("model %s: %s, %d layers, hidden %d, vocab %d, embed scale %g, device %s\n", dir, info.arch, L, H, V,
+           (double)info.embed_scale, device == G4_DEVICE_CUDA ? "cuda" : "cpu");
     const cJSON *esu = cJSON_GetObjectItem(ref, "embed_scale_used");
     int ok = 1;
     if (cJSON_IsNumber(esu) && (float)esu->valuedouble != info.embed_scale) {

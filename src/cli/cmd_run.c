@@ -26,6 +26,7 @@ typedef struct {
     const char *stops[MAX_STOPS];
     int n_stops;
     int raw, ids, think, max_tokens, ctx, threads, draft_k, quiet;
+    int device; /* -1: auto (CUDA when there is a usable GPU, else the CPU), or G4_DEVICE_* */
     g4_sampler_options so;
 } run_opts;
 
@@ -49,6 +50,7 @@ static void run_usage(FILE *f, int chat) {
             "  --stop TEXT           stop when the output contains TEXT (repeatable)\n"
             "  --ctx N               context length (default 4096)\n"
             "  --threads N           worker threads (default: all CPUs)\n"
+            "  --device D            cpu, cuda or auto (default: auto = the GPU when there is one)\n"
             "  --draft DIR           speculative decoding with a Gemma 4 drafter (same output)\n"
             "  --draft-k N           most drafted tokens per round (default 4)\n"
             "  -q, --quiet           no statistics on stderr\n",
@@ -84,6 +86,9 @@ static int parse_run_opts(int argc, char **argv, int chat, run_opts *o) {
     o->so.temperature = 0;
     o->max_tokens = 512;
     o->ctx = 4096;
+#ifdef G4_HAVE_CUDA
+    o->device = -1;
+#endif
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int used = 1, bad = 0, iv;
@@ -112,6 +117,15 @@ static int parse_run_opts(int argc, char **argv, int chat, run_opts *o) {
         else if (!strcmp(a, "--ctx")) bad = cli_parse_int(a, v, 16, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--threads")) bad = cli_parse_int(a, v, 1, 256, &o->threads);
         else if (!strcmp(a, "--draft-k")) bad = cli_parse_int(a, v, 1, G4_MAX_DRAFT, &o->draft_k);
+        else if (!strcmp(a, "--device")) {
+            if (v && !strcmp(v, "cpu")) o->device = G4_DEVICE_CPU;
+            else if (v && !strcmp(v, "cuda")) o->device = G4_DEVICE_CUDA;
+            else if (v && !strcmp(v, "auto")) o->device = -1;
+            else if (v) {
+                fprintf(stderr, "g4: --device: '%s' is not cpu, cuda or auto\n", v);
+                bad = 1;
+            }
+        }
         else {
             used = 0;
             if (!chat && !strcmp(a, "--raw")) o->raw = 1;
@@ -187,8 +201,14 @@ static int engine_open(engine *e, const run_opts *o, int need_tokenizer) {
     if (!o->quiet)
         fprintf(stderr, "loaded %s: %d layers, hidden %d, %.2f GB of weights, in %.2f s\n", info.arch, info.n_layers,
                 info.hidden, info.weight_bytes / 1e9, seconds() - t0);
-    g4_session_options so = {.n_ctx = o->ctx, .n_threads = o->threads};
-    if (g4_session_create(e->model, &so, &e->sess, &err)) goto fail;
+    g4_session_options so = {.n_ctx = o->ctx, .n_threads = o->threads, .device = o->device < 0 ? G4_DEVICE_CUDA : o->device};
+    if (g4_session_create(e->model, &so, &e->sess, &err)) {
+        /* auto: no usable GPU (or weights it cannot run yet) -> say so once, use the CPU */
+        if (o->device >= 0 || err.code != G4_ERR_UNSUPPORTED) goto fail;
+        fprintf(stderr, "g4: %s; using the CPU\n", err.message);
+        so.device = G4_DEVICE_CPU;
+        if (g4_session_create(e->model, &so, &e->sess, &err)) goto fail;
+    }
     if (need_tokenizer) {
         struct stat sb;
         const char *tp = o->tokenizer ? o->tokenizer : o->model;
@@ -489,6 +509,7 @@ int cmd_chat(int argc, char **argv) {
     id_list hist = {0};
     int32_t *out = malloc(sizeof(int32_t) * (size_t)(o.max_tokens + 1));
     int tty = isatty(0) && isatty(1), rc = 0, think = o.think;
+    char *system = o.system ? strdup(o.system) : NULL;
     if (g4_chat_new(&chat, &err) || (o.system && g4_chat_set_system(chat, o.system, &err))) {
         fprintf(stderr, "g4: %s\n", err.message);
         rc = 1;
@@ -507,8 +528,13 @@ int cmd_chat(int argc, char **argv) {
             printf("/reset  forget the conversation\n/system TEXT  set the system prompt (resets)\n"
                    "/think on|off  thinking\n/quit  leave\n");
         } else if (!strcmp(line, "/reset") || !strncmp(line, "/system ", 8)) {
+            /* /reset keeps the current system prompt; /system replaces it */
             g4_chat_truncate(chat, 0);
-            if (line[1] == 's' && g4_chat_set_system(chat, line + 8, &err)) fprintf(stderr, "g4: %s\n", err.message);
+            if (line[1] == 's') {
+                free(system);
+                system = strdup(line + 8);
+            }
+            if (system && g4_chat_set_system(chat, system, &err)) fprintf(stderr, "g4: %s\n", err.message);
             g4_session_reset(e.sess);
             hist.n = 0;
             printf("[conversation reset]\n");
@@ -563,6 +589,7 @@ int cmd_chat(int argc, char **argv) {
     }
     free(hist.ids);
     free(out);
+    free(system);
     g4_chat_free(chat);
     engine_free(&e);
     return rc;

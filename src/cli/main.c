@@ -7,10 +7,13 @@
 
 /* One line per subcommand; keep in alphabetical order. */
 static const cli_command commands[] = {
+    {"bench", "prefill/decode speed and GB/s against measured memory bandwidth", cmd_bench},
     {"chat", "interactive multi-turn chat", cmd_chat},
     {"check", "conformance against a folder in the fixture format", cmd_check},
+    {"convert", "convert a checkpoint into another format (safetensors, MLX, QAT, ...)", cmd_convert},
     {"detokenize", "token ids on stdin to text", cmd_detokenize},
     {"run", "answer one prompt, streamed to stdout", cmd_run},
+    {"synth", "write a random-weight model of a released size in any format", cmd_synth},
     {"tokenize", "text on stdin to token ids", cmd_tokenize},
 };
 

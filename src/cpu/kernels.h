@@ -1,20 +1,24 @@
-/* CPU kernels: the scalar-order reference the rest of the engine is built on.
+/* CPU kernels: a scalar reference plus AVX2 and AVX-512 versions chosen at run time by CPUID.
  *
- * Exactness: every output element is reduced by one call of one dot-product routine, in an order
- * fixed by the length alone (16 interleaved partial sums, then a fixed tree). The number of
- * tokens M and the thread split only decide *which* elements a call computes, never how, so
- * results are bitwise independent of both. */
+ * Exactness: every output element is reduced by one procedure in an order fixed by the row's
+ * length alone (16 interleaved fma lanes, then a fixed tree; for quantised weights exact integer
+ * block dots against activations quantised per 32-block, then the same lanes — see
+ * kernels_internal.h for the precise definition). The number of tokens M, the thread split and
+ * the ISA level only decide *which* elements a call computes and how fast, never the bits. */
 #ifndef G4_CPU_KERNELS_H
 #define G4_CPU_KERNELS_H
 #include <stdint.h>
 
 #include "formats/safetensors.h"
+#include "g4.h"
 #include "util/threadpool.h"
 
 /* How a weight matrix is stored. Dense types hold one element per column; the ggml block types
  * (GGUF) pack 32 or 256 columns per block; AFFINE is MLX's group-wise `w = scale·q + bias` with
  * `bits`-bit codes packed LSB-first into uint32 words; SYMM is the QAT checkpoints' per-row
- * symmetric `w = scale[row]·q` with signed int8 / int4 (value-8) / int2 (value-2) codes. */
+ * symmetric `w = scale[row]·q` with signed int8 / int4 (value-8) / int2 (value-2) codes, or with
+ * `group` > 0 one scale per `group` columns (the blockwise QAT embeddings). Exact byte layouts:
+ * cpu/quant.h. Quantised types need cols to be a multiple of 32 (256 for the K-quants). */
 typedef enum g4_wtype {
     G4_W_F32, G4_W_F16, G4_W_BF16,
     G4_W_Q8_0, G4_W_Q4_0, G4_W_Q4_1, G4_W_Q5_0, G4_W_Q5_1, G4_W_Q4_K, G4_W_Q5_K, G4_W_Q6_K,
@@ -31,10 +35,15 @@ typedef struct g4_mat {
     const void *data;
     size_t row_bytes;
     /* AFFINE and SYMM only */
-    int bits, group;              /* group: columns per scale (AFFINE) */
-    const void *scales, *biases;  /* AFFINE: [rows][cols/group]; SYMM: scales[rows] */
+    int bits, group;              /* columns per scale (SYMM: 0 or cols = one per row) */
+    const void *scales, *biases;  /* AFFINE: [rows][cols/group]; SYMM: scales[rows] (group 0) or
+                                     [rows][cols/group] */
     g4_dtype scale_dtype;         /* F32, F16 or BF16 */
     size_t scale_stride;          /* scale elements per row */
+    /* QAT static activation fake-quantisation around this matrix's products (0: none):
+     * v -> s == 0 ? v : clamp(round_even(v / s), -128, 127) * s on the input x before the product
+     * and on the output y after it. Applied by the forward (model/forward.c), not by g4_matmul. */
+    float in_act_scale, out_act_scale;
 } g4_mat;
 
 /* A dense matrix view of row-major data in dtype F32, F16 or BF16. */
@@ -43,6 +52,10 @@ g4_mat g4_mat_dense(g4_dtype dtype, int rows, int cols, const void *data);
 g4_wtype g4_wtype_of_dtype(g4_dtype t);
 /* Bytes of storage the matrix streams per full pass (codes plus scales and biases). */
 size_t g4_mat_bytes(const g4_mat *w);
+
+/* G4_OK when w is a matrix the kernels can run: row size, block multiple, bits, group and
+ * scales consistent (the sources call this on every tensor they hand out). */
+g4_status g4_mat_validate(const g4_mat *w, g4_error *err);
 
 /* Rows [r0, r0 + n) of w as a matrix of its own. */
 g4_mat g4_mat_rows(const g4_mat *w, int r0, int n);

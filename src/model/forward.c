@@ -77,6 +77,12 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
     s->kv = zalloc((size_t)B * maxkv * f, &fail);
     s->gate = zalloc((size_t)B * maxI * f, &fail);
     s->up = zalloc((size_t)B * maxI * f, &fail);
+    { /* QAT input activation fake-quantisation: one copy of the widest matmul input */
+        int in = H > (int)nq ? H : (int)nq;
+        if (maxI > in) in = maxI;
+        if (c->ple_width > in) in = c->ple_width;
+        s->act_q = zalloc((size_t)B * in * f, &fail);
+    }
     s->scores = zalloc((size_t)n_threads * n_ctx * f, &fail);
     s->rope_cs = zalloc((size_t)B * s->n_rope * 2 * s->max_half * f, &fail);
     if (P) {
@@ -114,6 +120,7 @@ void g4_state_free(g4_state *s) {
     free(s->k_cache); free(s->v_cache); free(s->k_stage); free(s->v_stage);
     free(s->cache_cap); free(s->layer_rope);
     free(s->x); free(s->a); free(s->t); free(s->ffn); free(s->q); free(s->att); free(s->kv);
+    free(s->act_q);
     free(s->gate); free(s->up); free(s->scores); free(s->rope_cs); free(s->ple); free(s->ple_tmp);
     free(s->router_p); free(s->top_e); free(s->top_w); free(s->x2); free(s->ex_in); free(s->ex_gu);
     free(s->ex_out); free(s->ex_res); free(s->ex_tok);
@@ -213,6 +220,26 @@ static void rope_apply(const g4_state *s, float *x, int m, int kind) {
     }
 }
 
+/* QAT static activation fake-quantisation: v -> clamp(round_even(v / s), -128, 127) · s. */
+static inline float act_fake_quant(float v, float sc) {
+    float q = nearbyintf(v / sc);
+    return (q < -128.0f ? -128.0f : q > 127.0f ? 127.0f : q) * sc;
+}
+
+/* g4_matmul plus the fake-quantisation a QAT matrix asks for around it (g4_mat.in_act_scale on its
+ * input, out_act_scale on its output; 0 means none). */
+static void matmul_q(g4_state *s, g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy) {
+    if (w->in_act_scale != 0) {
+        size_t n = (size_t)M * (size_t)w->cols;
+        for (size_t i = 0; i < n; i++) s->act_q[i] = act_fake_quant(x[i], w->in_act_scale);
+        x = s->act_q;
+    }
+    g4_matmul(pool, w, x, M, y, ldy);
+    if (w->out_act_scale != 0)
+        for (int m = 0; m < M; m++)
+            for (int r = 0; r < w->rows; r++) y[(size_t)m * ldy + r] = act_fake_quant(y[(size_t)m * ldy + r], w->out_act_scale);
+}
+
 /* gelu_tanh(gate) ⊙ up, in place into gate */
 static void gelu_mul(float *gate, const float *up, size_t n) {
     for (size_t i = 0; i < n; i++) gate[i] = g4_gelu_tanh(gate[i]) * up[i];
@@ -222,10 +249,10 @@ static void gelu_mul(float *gate, const float *up, size_t n) {
 static void mlp(g4_state *s, g4_threadpool *pool, const g4_mat *gate, const g4_mat *up, const g4_mat *down,
                 const float *in, int M, float *out) {
     int I = gate->rows, H = s->m->cfg.hidden;
-    g4_matmul(pool, gate, in, M, s->gate, I);
-    g4_matmul(pool, up, in, M, s->up, I);
+    matmul_q(s, pool, gate, in, M, s->gate, I);
+    matmul_q(s, pool, up, in, M, s->up, I);
     gelu_mul(s->gate, s->up, (size_t)M * I);
-    g4_matmul(pool, down, s->gate, M, out, H);
+    matmul_q(s, pool, down, s->gate, M, out, H);
 }
 
 /* The MoE block's expert half: route each token to its top-k experts, run each expert once over
@@ -242,7 +269,7 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
         g4_rmsnorm(z, r + (size_t)m * H, NULL, H, c->rms_eps);
         for (int i = 0; i < H; i++) z[i] = z[i] * hs * w->router_scale[i];
     }
-    g4_matmul(pool, &w->router, s->a, M, s->router_p, E);
+    matmul_q(s, pool, &w->router, s->a, M, s->router_p, E);
     for (int m = 0; m < M; m++) {
         float *p = s->router_p + (size_t)m * E, mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) mx = p[e] > mx ? p[e] : mx;
@@ -273,13 +300,13 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
             memcpy(s->ex_in + (size_t)i * H, s->x2 + (size_t)(s->ex_tok[i] / K) * H, sizeof(float) * H);
         g4_mat gu = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, 2 * Im);
         g4_mat dn = g4_mat_rows(&w->experts_down, e * H, H);
-        g4_matmul(pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
+        matmul_q(s, pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
         for (int i = 0; i < n; i++) {
             float *g = s->ex_gu + (size_t)i * 2 * Im;
             gelu_mul(g, g + Im, (size_t)Im);
             if (i) memmove(s->ex_gu + (size_t)i * Im, g, sizeof(float) * Im); /* pack to [n][Im] */
         }
-        g4_matmul(pool, &dn, s->ex_gu, n, s->ex_out, H);
+        matmul_q(s, pool, &dn, s->ex_gu, n, s->ex_out, H);
         for (int i = 0; i < n; i++)
             memcpy(s->ex_res + (size_t)s->ex_tok[i] * H, s->ex_out + (size_t)i * H, sizeof(float) * H);
     }
@@ -350,7 +377,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
     /* per-layer inputs: ple[l] = (rms_w(norm)((x0 · projᵀ)[l] · H^-½) + E_ple[token][l] · √P) · 2^-½ */
     if (P) {
         int LP = L * P;
-        g4_matmul(pool, &md->ple_model_proj, x, M, s->ple, LP);
+        matmul_q(s, pool, &md->ple_model_proj, x, M, s->ple, LP);
         float hs = 1.0f / sqrtf((float)H), r2 = 1.0f / sqrtf(2.0f);
         for (int m = 0; m < M; m++) {
             float *pm = s->ple + (size_t)m * LP, *tok = s->ple_tmp;
@@ -374,7 +401,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* input_layernorm, q_proj, q_norm, rope */
         for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->attn_norm, H, c->rms_eps);
         dump_rows(s, "attn_norm", li, M, s->a, H, H);
-        g4_matmul(pool, &w->wq, s->a, M, s->q, nq);
+        matmul_q(s, pool, &w->wq, s->a, M, s->q, nq);
         for (int m = 0; m < M; m++)
             for (int h = 0; h < nH; h++) {
                 float *qh = s->q + (size_t)m * nq + (size_t)h * d;
@@ -386,9 +413,9 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* k/v for this block into staging (KV-shared layers read their source's) */
         if (src == li) {
             float *ks = s->k_stage[li], *vs = s->v_stage[li];
-            g4_matmul(pool, &w->wk, s->a, M, ks, nkv);
+            matmul_q(s, pool, &w->wk, s->a, M, ks, nkv);
             if (lc->k_eq_v) memcpy(vs, ks, sizeof(float) * (size_t)M * nkv); /* raw k, before k_norm/rope */
-            else g4_matmul(pool, &w->wv, s->a, M, vs, nkv);
+            else matmul_q(s, pool, &w->wv, s->a, M, vs, nkv);
             for (int m = 0; m < M; m++)
                 for (int h = 0; h < lc->n_kv_heads; h++) {
                     float *kh = ks + (size_t)m * nkv + (size_t)h * d, *vh = vs + (size_t)m * nkv + (size_t)h * d;
@@ -404,7 +431,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         attn_job aj = {s, li, src, M};
         g4_parallel_for(pool, M * nH, 1, attention_range, &aj);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
-        g4_matmul(pool, &w->wo, s->att, M, s->t, H);
+        matmul_q(s, pool, &w->wo, s->att, M, s->t, H);
         for (int m = 0; m < M; m++) {
             float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
             g4_rmsnorm(t, t, w->post_attn_norm, H, c->rms_eps);
@@ -437,13 +464,13 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
 
         /* per-layer input: h += rms_w(norm)((gelu(h · gateᵀ) ⊙ ple[l]) · projᵀ) */
         if (P) {
-            g4_matmul(pool, &w->ple_gate, x, M, s->ple_tmp, P);
+            matmul_q(s, pool, &w->ple_gate, x, M, s->ple_tmp, P);
             for (int m = 0; m < M; m++) {
                 float *g = s->ple_tmp + (size_t)m * P;
                 const float *pl = s->ple + ((size_t)m * L + li) * P;
                 for (int i = 0; i < P; i++) g[i] = g4_gelu_tanh(g[i]) * pl[i];
             }
-            g4_matmul(pool, &w->ple_proj, s->ple_tmp, M, s->t, H);
+            matmul_q(s, pool, &w->ple_proj, s->ple_tmp, M, s->t, H);
             for (int m = 0; m < M; m++) {
                 float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
                 g4_rmsnorm(t, t, w->post_ple_norm, H, c->rms_eps);

@@ -29,6 +29,7 @@ typedef struct g4_state {
                                    the final-normed hidden of its m-th token */
     /* activations, [max_batch][...] */
     float *x, *a, *q, *kv, *att, *t, *ffn, *gate, *up, *ple, *ple_tmp;
+    float *act_q;               /* QAT input fake-quantisation copy [max_batch][widest matmul input] */
     float *scores;              /* [n_threads][n_ctx] */
     int n_rope;                 /* distinct RoPE kinds */
     g4_rope_kind rope[8];

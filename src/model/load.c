@@ -1,4 +1,5 @@
 /* g4_model_load: recognise what the path holds, open the matching weight source, bind. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -9,7 +10,21 @@
 /* Opens the weight source for a checkpoint directory whose config.json was parsed into cfg.
  * The quantised layouts announce themselves in config.json; plain HF checkpoints do not. */
 static g4_status open_dir_source(g4_model *m, const char *dir, g4_error *err) {
+    int handled = 0;
+    g4_status st = g4_source_open_quantized(&m->src, dir, &m->cfg, &handled, err);
+    if (st || handled) return st;
     return g4_source_open_safetensors(&m->src, dir, m->cfg.multimodal_layout, err);
+}
+
+/* A regular file that starts with the GGUF magic. */
+static int is_gguf_file(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) || !S_ISREG(sb.st_mode)) return 0;
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+    if (f) fclose(f);
+    return ok;
 }
 
 g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
@@ -21,8 +36,19 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
         free(m);
         return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     }
-    g4_status st = g4_config_load(path, &m->cfg, err);
-    if (!st) st = open_dir_source(m, path, err);
+    /* a GGUF file, or a directory holding model.gguf and no config.json */
+    char gguf[4096];
+    struct stat sb;
+    snprintf(gguf, sizeof gguf, "%s/config.json", path);
+    int dir_gguf = stat(gguf, &sb) != 0;
+    snprintf(gguf, sizeof gguf, "%s/model.gguf", path);
+    g4_status st;
+    if (is_gguf_file(path) || (dir_gguf && is_gguf_file(gguf))) {
+        st = g4_source_open_gguf(&m->src, is_gguf_file(path) ? path : gguf, &m->cfg, err);
+    } else {
+        st = g4_config_load(path, &m->cfg, err);
+        if (!st) st = open_dir_source(m, path, err);
+    }
     if (!st) st = g4_model_bind(m, err);
     if (st) {
         g4_model_free(m);

@@ -29,6 +29,23 @@ typedef struct g4_weight_source {
 /* Hugging Face safetensors (bf16 / f16 / f32): DIR/model.safetensors or a sharded index. */
 g4_status g4_source_open_safetensors(g4_weight_source *src, const char *dir, int multimodal_layout,
                                      g4_error *err);
+
+struct g4_config;
+/* MLX affine checkpoints (source_mlx.c): config.json "quantization", U32 codes + scales + biases. */
+g4_status g4_source_open_mlx(g4_weight_source *src, const char *dir, g4_error *err);
+/* Google QAT checkpoints (source_qat.c, quantization_config.quant_method "gemma"): int2/int4/int8
+ * codes with per-row scales, blockwise embeddings, static activation scales (g4_mat.*_act_scale).
+ * cfg (the parsed config.json) gives each matrix's logical width; it must outlive the source. */
+g4_status g4_source_open_qat(g4_weight_source *src, const char *dir, const struct g4_config *cfg,
+                             g4_error *err);
+/* Opens the MLX or QAT source when DIR/config.json announces one (*handled = 1); *handled = 0 for
+ * plain checkpoints; an error for a quant_method this engine does not read. */
+g4_status g4_source_open_quantized(g4_weight_source *src, const char *dir, const struct g4_config *cfg,
+                                   int *handled, g4_error *err);
+/* A llama.cpp GGUF of architecture `gemma4` (source_gguf.c): the file is memory-mapped and its
+ * metadata fills *cfg, validated as config.json would be. */
+g4_status g4_source_open_gguf(g4_weight_source *src, const char *path, struct g4_config *cfg,
+                              g4_error *err);
 /* The same with tensors looked up by their full names (drafters mix "model.layers.*" with
  * top-level "pre_projection.weight"). */
 g4_status g4_source_open_safetensors_raw(g4_weight_source *src, const char *path, g4_error *err);

@@ -5,6 +5,7 @@
  * time, so a model far larger than memory streams to disk (g4 synth, g4 convert). */
 #ifndef G4_MODEL_WRITER_H
 #define G4_MODEL_WRITER_H
+#include <stddef.h>
 #include <stdint.h>
 
 #include "g4.h"
@@ -20,5 +21,40 @@ typedef struct g4_model_writer {
     /* finish frees the writer whatever the outcome; abort frees it leaving partial output */
     g4_status (*finish)(void *ctx, g4_error *err);
     void (*abort)(void *ctx);
+    /* Optional (NULL: only whole tensors through write): rows [row0, row0 + n_rows) of the tensor
+     * declared next, a row being the last dimension (rows = product of the other dims). A tensor's
+     * rows arrive in order and it is complete after its last row, so tables larger than memory
+     * (E2B's 262144 x 8960 per-layer embedding) stream in chunks. */
+    g4_status (*write_rows)(void *ctx, const char *name, int64_t row0, int64_t n_rows, const float *data,
+                            g4_error *err);
 } g4_model_writer;
+
+/* ---- the writer registry (writer_registry.c) ------------------------------------------------ */
+
+typedef struct g4_writer_options {
+    int bits, group;   /* quantised formats: 0 = the format's default */
+    int layout;        /* 0: the format's usual layout; 1: text-only (model.*); 2: multimodal
+                          (model.language_model.* / language_model.model.*) */
+    const char *vocab; /* GGUF formats: a vocabulary GGUF whose tokenizer.* keys are copied
+                          (NULL: a minimal stand-in vocabulary) */
+} g4_writer_options;
+
+/* Opens a writer for FORMAT into directory out_dir (created when missing): "bf16", "f16", "f32"
+ * (Hugging Face safetensors), "mlx" / "mlx-N" (MLX affine, N bits), "qat" / "qat-intN" (Google
+ * QAT), and the formats other files register ("gguf-..."). opts may be NULL. */
+g4_status g4_writer_open(const char *format, const char *out_dir, const g4_writer_options *opts,
+                         g4_model_writer *out, g4_error *err);
+/* One line per registered format family, for --help texts, into buf. */
+void g4_writer_formats_help(char *buf, size_t n);
+/* Feeds rows of the tensor declared next through write_rows, or, for writers without it,
+ * gathers the whole tensor (rows must then cover it exactly once, in order; *pending keeps the
+ * partial tensor between calls and is freed when it completes or by g4_writer_rows_reset). */
+typedef struct g4_writer_rows {
+    float *buf;
+    int64_t rows, cols, filled;
+} g4_writer_rows;
+g4_status g4_writer_put_rows(const g4_model_writer *w, g4_writer_rows *pending, const char *name,
+                             int ndim, const int64_t *shape, int64_t row0, int64_t n_rows,
+                             const float *data, g4_error *err);
+void g4_writer_rows_reset(g4_writer_rows *pending);
 #endif

@@ -98,29 +98,28 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         return g4_fail(err, G4_ERR_ARG, "the drafter was loaded for another model");
     g4_state *ts = &s->st;
     const g4_config *c = &s->m->cfg;
-    int V = c->vocab, H = c->hidden;
+    int V = c->vocab;
     int kmax = o->draft_k ? o->draft_k : 4;
     if (kmax > ts->max_batch - 1) kmax = ts->max_batch - 1;
     int spec = o->drafter && kmax >= 1;
-    /* one allocation per call: verify logits, drafter logits/probabilities, hidden carry */
+    /* one allocation per call: verify logits, drafter logits/probabilities */
     size_t rows = spec ? (size_t)kmax + 1 : 1;
     float *logits = malloc(sizeof(float) * rows * V);
     float *dlogits = spec ? malloc(sizeof(float) * V) : NULL;
     float *qprobs = spec && o->sampler ? malloc(sizeof(float) * (size_t)kmax * V) : NULL;
     float *pprobs = spec && o->sampler ? malloc(sizeof(float) * V) : NULL;
-    float *hid = spec ? malloc(sizeof(float) * H) : NULL, *hcarry = spec ? malloc(sizeof(float) * H) : NULL;
-    g4_draft_state ds = {0};
+    g4_drafting dr = {0};
     g4_status st = G4_OK;
-    if (!logits || (spec && (!dlogits || !hid || !hcarry)) || (spec && o->sampler && (!qprobs || !pprobs)))
+    if (!logits || (spec && !dlogits) || (spec && o->sampler && (!qprobs || !pprobs)))
         st = g4_fail(err, G4_ERR_NOMEM, "out of memory for generation buffers");
-    if (!st && spec) st = g4_draft_state_init(&ds, o->drafter, ts->n_ctx, err);
+    if (!st && spec) st = g4_drafting_init(&dr, s, o->drafter, err);
     gen_ctx g = {s, o, stats, V, 0, err};
 
     double t0 = now_seconds();
     stats->n_prompt = n_prompt;
     if (!st) st = g4_session_forward(s, prompt, n_prompt, G4_LOGITS_LAST, logits, err);
     /* the final-normed hidden of the last prompt position (the drafter's first input) */
-    if (!st && spec) memcpy(hid, ts->a + (size_t)(ts->n_staged_last - 1) * H, sizeof(float) * H);
+    if (!st && spec) st = g4_drafting_save(&dr, ts->n_staged_last - 1, err);
     double t1 = now_seconds();
     stats->prefill_seconds = t1 - t0;
     int32_t t = 0;
@@ -147,20 +146,22 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         }
         if (skip) skip--;
         if (k == 0) { /* plain step */
-            st = g4_forward(ts, s->pool, &t, 1, logits, 1, err);
+            st = g4_session_step(s, &t, 1, logits, 1, err);
+            if (!st) st = g4_session_commit(s, 1, err);
+            if (!st && spec) st = g4_drafting_save(&dr, 0, err);
             if (st) break;
-            g4_state_commit(ts, 1);
-            if (spec) memcpy(hid, ts->a, sizeof(float) * H);
             st = choose(&g, logits, &t);
             if (!st) st = emit(&g, t, logits);
             continue;
         }
         /* draft k tokens, each step feeding the previous proposal and the carried hidden */
         double d0 = now_seconds();
-        memcpy(hcarry, hid, sizeof(float) * H);
         int32_t in = t;
-        for (int i = 0; i < k && !st; i++) {
-            g4_draft_step(o->drafter, &ds, ts, s->pool, in, hcarry, p - 1, dlogits);
+        if (!o->sampler && !o->oracle) /* greedy: k chained steps (one launch on the GPU) */
+            st = g4_drafting_greedy(&dr, t, p - 1, k, drafts, NULL, NULL, err);
+        for (int i = 0; i < k && !st && (o->sampler || o->oracle); i++) {
+            st = g4_drafting_step(&dr, in, p - 1, i == 0, dlogits, err);
+            if (st) break;
             if (o->sampler) {
                 float *q = qprobs + (size_t)i * V;
                 st = g4_sampler_probs(o->sampler, dlogits, V, q, err);
@@ -182,7 +183,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         int32_t block[G4_MAX_DRAFT + 1];
         block[0] = t;
         memcpy(block + 1, drafts, sizeof(int32_t) * (size_t)k);
-        st = g4_forward(ts, s->pool, block, k + 1, logits, 1, err);
+        st = g4_session_step(s, block, k + 1, logits, 1, err);
         if (st) break;
         stats->rounds++;
         stats->drafted += k;
@@ -222,14 +223,15 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         if (st) break;
         stats->accepted += n;
         if (g.done) { /* a stop inside the drafts: keep the rows before the last emitted token */
-            g4_state_commit(ts, fed);
+            st = g4_session_commit(s, fed, err);
             break;
         }
         const float *row = logits + (size_t)n * V;
         if (n == k) st = choose(&g, row, &next); /* every draft accepted: the bonus token */
         if (st) break;
-        g4_state_commit(ts, n + 1);
-        memcpy(hid, ts->a + (size_t)n * H, sizeof(float) * H);
+        st = g4_session_commit(s, n + 1, err);
+        if (!st) st = g4_drafting_save(&dr, n, err);
+        if (st) break;
         t = next;
         st = emit(&g, t, row);
         /* adapt k: grow after a clean sweep, shrink to what was accepted; pause drafting while
@@ -245,13 +247,11 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         }
     }
     stats->decode_seconds = now_seconds() - t1;
-    if (spec) g4_draft_state_free(&ds);
+    if (spec) g4_drafting_free(&dr);
     free(logits);
     free(dlogits);
     free(qprobs);
     free(pprobs);
-    free(hid);
-    free(hcarry);
     return st;
 }
 
@@ -262,22 +262,11 @@ g4_status g4_drafter_propose(g4_drafter *d, g4_session *s, int32_t token, int n_
     if (d->target != s->m) return g4_fail(err, G4_ERR_ARG, "the drafter was loaded for another model");
     if (ts->pos < 1 || ts->n_staged_last < 1 || token < 0 || token >= c->vocab || n_steps < 0)
         return g4_fail(err, G4_ERR_ARG, "drafting needs a session that has run a forward, a valid token and steps >= 0");
-    int V = c->vocab, H = c->hidden;
-    float *hid = malloc(sizeof(float) * H), *lg = malloc(sizeof(float) * V);
-    g4_draft_state ds;
-    g4_status st = hid && lg ? g4_draft_state_init(&ds, d, ts->n_ctx, err) : g4_fail(err, G4_ERR_NOMEM, "out of memory");
-    if (!st) {
-        memcpy(hid, ts->a + (size_t)(ts->n_staged_last - 1) * H, sizeof(float) * H);
-        for (int i = 0; i < n_steps; i++) {
-            g4_draft_step(d, &ds, ts, s->pool, token, hid, ts->pos - 1, lg);
-            if (i == 0 && first_logits) memcpy(first_logits, lg, sizeof(float) * V);
-            if (i == 0 && first_hidden) memcpy(first_hidden, hid, sizeof(float) * H);
-            drafts[i] = token = argmax(lg, V);
-        }
-        g4_draft_state_free(&ds);
-    }
-    free(hid);
-    free(lg);
+    g4_drafting dr;
+    g4_status st = g4_drafting_init(&dr, s, d, err);
+    if (!st) st = g4_drafting_save(&dr, ts->n_staged_last - 1, err);
+    if (!st) st = g4_drafting_greedy(&dr, token, ts->pos - 1, n_steps, drafts, first_logits, first_hidden, err);
+    g4_drafting_free(&dr);
     return st;
 }
 

@@ -1,0 +1,180 @@
+/* GPU decode benchmark: synthesizes released-geometry bf16 models in memory (model/synth.h: the
+ * same geometry and seeds as `g4 synth`, no files), uploads them once and times, with CUDA events:
+ *   decode       chained single-launch decode steps (argmax on the device) at context 128 and
+ *                4k: tokens/s and GB/s against the streaming-read bandwidth measured in this run
+ *   verify       a block of k+1 tokens (k = 1..6) relative to one decode step
+ *   breakdown    the same step with classes of stages skipped: attention, LM head, everything
+ *                (what is left is the barriers and the launch)
+ * usage: gpu_bench [--arch e2b,e4b] [--tokens N] [--layers N] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "g4.h"
+
+#ifdef G4_HAVE_CUDA
+#include "cuda/cuda.h"
+#include "cuda/program.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "runtime/session.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* bytes of K/V one decode step at position pos reads (every layer reads its source's cache) */
+static double kv_bytes(const g4_model *m, int pos) {
+    const g4_config *c = &m->cfg;
+    double b = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        const g4_layer_config *l = &c->layers[i];
+        int keys = l->is_full ? pos + 1 : (pos + 1 < c->sliding_window ? pos + 1 : c->sliding_window);
+        b += 2.0 * keys * l->n_kv_heads * l->head_dim * sizeof(float);
+    }
+    return b;
+}
+
+static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
+    g4_error err = {0};
+    g4_model *m = NULL;
+    g4_synth_options so = {.seed = 1, .n_layers = n_layers};
+    double t0 = now();
+    if (g4_model_synth(arch, &so, "bf16", &m, &err)) {
+        fprintf(stderr, "synth %s: %s\n", arch, err.message);
+        return 1;
+    }
+    double t1 = now();
+    const g4_config *c = &m->cfg;
+    /* weight_bytes counts what a token streams: every matrix once (the tied embedding as the LM
+     * head), not the gathered per-layer-input table */
+    double stream = (double)m->weight_bytes;
+    printf("\n%s (bf16, %d layers, hidden %d): %.2f GB streamed per token; synthesized in %.1f s\n", arch, c->n_layers,
+           c->hidden, stream / 1e9, t1 - t0);
+    const int ctx_max = 4096 + n_tok + 64;
+    g4_session *s = NULL;
+    g4_session_options opt = {.n_ctx = ctx_max, .max_batch = 64, .device = G4_DEVICE_CUDA};
+    if (g4_session_create(m, &opt, &s, &err)) {
+        fprintf(stderr, "session: %s\n", err.message);
+        g4_model_free(m);
+        return 1;
+    }
+    int grid = 0, n_ops = 0;
+    size_t wb = 0, sb = 0;
+    g4_cuda_describe(s->cuda, &grid, &n_ops, &wb, &sb);
+    printf("  uploaded in %.1f s; persistent kernel: %d blocks x %d threads, %d stages per token; %.2f GB weights + %.2f GB cache/scratch on the GPU\n",
+           now() - t1, grid, G4C_THREADS, n_ops, wb / 1e9, sb / 1e9);
+    int32_t *prompt = malloc(sizeof(int32_t) * 4096), *out = malloc(sizeof(int32_t) * (size_t)(n_tok + 8));
+    uint32_t r = 7;
+    for (int i = 0; i < 4096; i++) {
+        r = r * 1664525u + 1013904223u;
+        prompt[i] = i == 0 ? c->bos : 3 + (int32_t)((r >> 8) % 200000u);
+    }
+    float *lg = malloc(sizeof(float) * (size_t)c->vocab);
+    const int ctxs[2] = {128, 4096};
+    printf("  %-6s %10s %10s %9s %9s %8s\n", "ctx", "prefill/s", "decode/s", "ms/token", "GB/s", "of peak");
+    double step_ms[2] = {0, 0};
+    for (int ci = 0; ci < 2; ci++) {
+        int ctx = ctxs[ci];
+        g4_session_reset(s);
+        double p0 = now();
+        if (g4_session_forward(s, prompt, ctx, G4_LOGITS_LAST, lg, &err)) {
+            fprintf(stderr, "prefill: %s\n", err.message);
+            break;
+        }
+        double p1 = now();
+        int32_t t = 0;
+        for (int i = 1; i < c->vocab; i++)
+            if (lg[i] > lg[t]) t = i;
+        double secs = 0;
+        if (g4_cuda_decode_chain(s->cuda, ctx, t, 8, out, &secs, &err) || /* warm-up */
+            g4_cuda_decode_chain(s->cuda, ctx, t, n_tok, out, &secs, &err)) {
+            fprintf(stderr, "decode: %s\n", err.message);
+            break;
+        }
+        double tps = n_tok / secs, bytes = stream + kv_bytes(m, ctx + n_tok / 2);
+        step_ms[ci] = secs * 1e3 / n_tok;
+        printf("  %-6d %10.0f %10.1f %9.3f %9.0f %7.1f%%\n", ctx, ctx / (p1 - p0), tps, secs * 1e3 / n_tok,
+               bytes * tps / 1e9, 100.0 * bytes * tps / bw);
+    }
+    /* verify blocks and the breakdown at context 128 */
+    g4_session_reset(s);
+    if (!g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err)) {
+        double one = 0, t = 0;
+        g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 3, &one, &err);
+        g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &one, &err);
+        printf("  verify block (staged, all logits) at ctx 128: M=1 %.3f ms", one * 1e3);
+        for (int k = 1; k <= 6; k++) {
+            if (g4_cuda_time_forward(s->cuda, 128, prompt + 128, k + 1, 20, &t, &err)) break;
+            printf(" | k=%d %.2fx", k, t / one);
+        }
+        printf("\n");
+        static const struct {
+            const char *what;
+            int mask;
+        } parts[] = {{"attention stages", G4C_CLS_ATTN},
+                     {"LM head stage", G4C_CLS_HEAD},
+                     {"norm/rope/PLE/route stages", G4C_CLS_OTHER},
+                     {"matmul stages", G4C_CLS_MATMUL},
+                     {"everything but barriers", G4C_CLS_ATTN | G4C_CLS_HEAD | G4C_CLS_OTHER | G4C_CLS_MATMUL}};
+        printf("  breakdown of one M=1 step at ctx 128 (%.3f ms): time saved by skipping\n", one * 1e3);
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+            g4_cuda_set_skip(s->cuda, parts[i].mask);
+            g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &t, &err);
+            printf("    %-28s %.3f ms (%.0f%%)\n", parts[i].what, (one - t) * 1e3, 100 * (one - t) / one);
+        }
+        g4_cuda_set_skip(s->cuda, G4C_CLS_ATTN | G4C_CLS_HEAD | G4C_CLS_OTHER | G4C_CLS_MATMUL);
+        g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &t, &err);
+        printf("    left: %d barriers + launch = %.3f ms (%.2f us per barrier)\n", n_ops - 1, t * 1e3,
+               t * 1e6 / (n_ops - 1));
+        g4_cuda_set_skip(s->cuda, 0);
+        printf("  weights-only floor at %.0f GB/s: %.3f ms/token\n", bw / 1e9, stream / bw * 1e3);
+    }
+    (void)step_ms;
+    free(prompt);
+    free(out);
+    free(lg);
+    g4_session_free(s);
+    g4_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *archs = "e2b,e4b";
+    int n_tok = 128, n_layers = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--arch") && i + 1 < argc) archs = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tok = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--tokens N] [--layers N]\n");
+            return 2;
+        }
+    }
+    char desc[256];
+    g4_error err = {0};
+    if (g4_cuda_probe(desc, sizeof desc, &err)) {
+        printf("SKIP gpu_bench: %s\n", err.message);
+        return 77;
+    }
+    double bw = 0;
+    if (g4_cuda_bandwidth((size_t)4 << 30, &bw, &err)) {
+        fprintf(stderr, "bandwidth: %s\n", err.message);
+        return 1;
+    }
+    printf("device: %s; streaming read %.0f GB/s (4 GiB, best of 5)\n", desc, bw / 1e9);
+    char list[256];
+    snprintf(list, sizeof list, "%s", archs);
+    int rc = 0;
+    for (char *a = strtok(list, ","); a; a = strtok(NULL, ",")) rc |= bench_arch(a, n_tok, n_layers, bw);
+    return rc;
+}
+#else
+int main(void) {
+    printf("SKIP gpu_bench: built without CUDA\n");
+    return 77;
+}
+#endif

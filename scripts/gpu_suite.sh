@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU test suite in one command (one `device` call): builds g4 with CUDA, runs
+# `g4 check --device cuda` on every fixture, the GPU exactness tests (tests/gpu/) and the decode
+# benchmark (bench/gpu_bench.c), and prints a summary. Exit status: non-zero if a check failed.
+#
+#   scripts/gpu_suite.sh [BUILD_DIR]        (default build-gpu)
+# Environment: G4_FIXTURES (folder holding gemma4/<fixture>/; default ../shared/fixtures, then
+# .gpu/fixtures), G4_PREBUILT=1 (use BUILD_DIR as it is), G4_BENCH_ARGS (extra gpu_bench
+# arguments, e.g. "--arch e2b"), G4_SKIP_BENCH=1, OUT (a folder for the full log).
+#
+# The lent H200 image has nvcc but not libcjson/libedit headers, and ../shared does not travel, so
+# there the binaries are built on the workstation and carried with the fixtures and shared libs:
+#   .gpu/build/{g4,tests/gpu/gpu_exact,bench/gpu_bench}  (copies of build-cuda/...)
+#   .gpu/fixtures/gemma4/   .gpu/lib/{libcjson.so.1,libedit.so.2,libbsd.so.0,libmd.so.0,libtinfo.so.6}
+#   device call: LD_LIBRARY_PATH=$PWD/.gpu/lib G4_PREBUILT=1 G4_FIXTURES=.gpu/fixtures \
+#                bash scripts/gpu_suite.sh .gpu/build            (carry: [".gpu"], ~90 s)
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${1:-build-gpu}
+LOG=${OUT:-/tmp}/gpu_suite.log
+: >"$LOG"
+say() { echo "$@" | tee -a "$LOG"; }
+run() { "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
+
+FIX=${G4_FIXTURES:-}
+if [ -z "$FIX" ]; then
+  for f in ../shared/fixtures .gpu/fixtures; do [ -d "$f/gemma4" ] && { FIX=$f; break; }; done
+fi
+say "== gpu suite: $(date -u +%Y-%m-%dT%H:%MZ), fixtures ${FIX:-none}"
+command -v nvidia-smi >/dev/null && run nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+
+if [ "${G4_PREBUILT:-0}" != 1 ]; then
+  say "== build ($BUILD)"
+  t0=$(date +%s)
+  if ! run make -j"$(nproc)" BUILD="$BUILD" "$BUILD/g4" "$BUILD/tests/gpu/gpu_exact" "$BUILD/bench/gpu_bench" >/dev/null; then
+    say "BUILD FAILED"; exit 1
+  fi
+  say "built in $(( $(date +%s) - t0 )) s"
+fi
+
+declare -a summary=()
+fail=0
+if [ -n "$FIX" ]; then
+  say "== g4 check --device cuda"
+  for d in "$FIX"/gemma4/*/; do
+    d=${d%/}
+    if timeout "${G4_CHECK_TIMEOUT:-120}" "$BUILD/g4" check "$d" --device cuda >"$LOG.check" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
+    cat "$LOG.check" | tee -a "$LOG"
+    summary+=("$r check --device cuda $(basename "$d"): $(grep '^check ' "$LOG.check" | sed 's/^check [^ ]* //')")
+  done
+  say "== GPU exactness tests"
+  if run timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.exact"; then r=PASS; else r=FAIL; fail=1; fi
+  cat "$LOG.exact" >>"$LOG"
+  summary+=("$r gpu_exact: $(tail -n 1 "$LOG.exact")")
+fi
+if [ "${G4_SKIP_BENCH:-0}" != 1 ]; then
+  say "== benchmark"
+  if run timeout "${G4_BENCH_TIMEOUT:-400}" "$BUILD/bench/gpu_bench" ${G4_BENCH_ARGS:-}; then r=PASS; else r=FAIL; fail=1; fi
+  summary+=("$r gpu_bench")
+fi
+say "== summary"
+for l in "${summary[@]}"; do say "$l"; done
+exit $fail

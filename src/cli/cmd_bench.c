@@ -1,0 +1,291 @@
+/* g4 bench: prefill and decode speed at several context lengths, next to the memory bandwidth
+ * measured in the same run, plus the cost of a verify block relative to one decode step.
+ * A benchmark prints numbers; nothing here asserts on time. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "g4.h"
+#include "model/synth.h"
+#include "model/synth_drafter.h"
+#include "util/bandwidth.h"
+#include "util/error.h"
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
+            "usage: g4 bench (-m MODEL | --synth ARCH) [options]\n"
+            "  Prefill and decode tokens/s at each context length, with the GB/s streamed per token next\n"
+            "  to the read bandwidth measured in the same run; then verify blocks of k+1 tokens against\n"
+            "  one decode step.\n"
+            "  -m, --model PATH     a model g4 can load\n"
+            "  --synth ARCH         a random-weight model of a released size (e2b, e4b, 12b, 26b-a4b, 31b)\n"
+            "                       generated in memory, as `g4 synth` would write it\n"
+            "  --storage S          synthetic weights stored as bf16 (default), f16, f32, mlx-4, mlx-8, qat-int4, ...\n"
+            "  --layers N           truncate a synthetic stack to N layers\n"
+            "  --ctx LIST           context lengths (default 128,1024,4096)\n"
+            "  --gen N              decode tokens timed per context (default 32)\n"
+            "  --threads N          worker threads (default: all CPUs)\n"
+            "  --no-verify          skip the verify-block table\n"
+            "  --alpha LIST         speculative decoding with drafts right with probability alpha (e.g.\n"
+            "                       0,0.5,0.7,0.9,1): the drafter runs, its proposals are replaced by the\n"
+            "                       target's own future greedy tokens, corrupted with probability 1-alpha\n"
+            "  --draft DIR          the drafter for --alpha (default: a random-weight one, written to /tmp)\n"
+            "  --draft-k N          drafts per round for --alpha (default 4)\n");
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Bytes of K and V one decode token reads at context c (every layer, shared ones included). */
+static double kv_bytes(const g4_model *m, int c) {
+    g4_model_info info;
+    g4_model_get_info(m, &info);
+    double b = 0;
+    for (int i = 0; i < info.n_layers; i++) {
+        g4_layer_info l;
+        g4_model_get_layer(m, i, &l);
+        int keys = l.is_full ? c : (c < info.sliding_window ? c : info.sliding_window);
+        b += 2.0 * keys * l.n_kv_heads * l.head_dim * sizeof(float);
+    }
+    return b;
+}
+
+typedef struct {
+    int32_t *out;
+    int n, cap;
+} tok_log;
+
+static int log_tok(void *user, int32_t tok, const float *logits, int n_vocab) {
+    (void)logits;
+    (void)n_vocab;
+    tok_log *l = user;
+    if (l->n < l->cap) l->out[l->n++] = tok;
+    return 0;
+}
+
+/* Speculative decoding speed against draft acceptance alpha (drafts replaced by the target's own
+ * future greedy tokens, corrupted with probability 1 - alpha; the drafter still runs). */
+static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, int ctx, int gen, int k,
+                             const char *list, const char *draft_dir, g4_error *err) {
+    char tmpl[] = "/tmp/g4-drafter-XXXXXX";
+    const char *dir = draft_dir;
+    g4_status st = G4_OK;
+    if (!dir) {
+        if (!mkdtemp(tmpl)) return g4_fail(err, G4_ERR_IO, "cannot create a temporary folder for the drafter");
+        dir = tmpl;
+        st = g4_synth_drafter_write(m, dir, 7, err);
+    }
+    g4_drafter *d = NULL;
+    if (!st) st = g4_drafter_load(dir, m, &d, err);
+    int32_t *oracle = malloc(sizeof(int32_t) * (size_t)gen);
+    if (!st && !oracle) st = g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    tok_log lg = {oracle, 0, gen};
+    g4_generate_stats ps;
+    if (!st) {
+        g4_generate_options o = {.max_new = gen, .on_token = log_tok, .user = &lg};
+        g4_session_reset(s);
+        st = g4_generate(s, prompt, ctx, &o, &ps, err);
+    }
+    if (!st) {
+        double plain = (ps.n_generated - 1) / ps.decode_seconds;
+        printf("\nspeculative decoding, acceptance-controlled (context %d, %d tokens, k = %d%s):\n", ctx, gen, k,
+               draft_dir ? "" : ", random-weight drafter");
+        printf("%8s %10s %9s %12s %14s\n", "alpha", "tok/s", "speedup", "tokens/round", "drafter ms/step");
+        printf("%8s %10.2f %8.2fx %12s %14s\n", "off", plain, 1.0, "1", "-");
+        for (const char *p = list; *p && !st;) {
+            char *end;
+            double a = strtod(p, &end);
+            if (end == p || a < 0 || a > 1) {
+                st = g4_fail(err, G4_ERR_ARG, "--alpha: '%s' is not a list of probabilities", list);
+                break;
+            }
+            p = *end == ',' ? end + 1 : end;
+            tok_log sl = {NULL, 0, 0};
+            g4_generate_options o = {.max_new = gen, .drafter = d, .draft_k = k, .draft_fixed = 1, .oracle = oracle,
+                                     .n_oracle = lg.n, .oracle_alpha = a, .oracle_seed = 99, .on_token = log_tok, .user = &sl};
+            g4_generate_stats gs;
+            g4_session_reset(s);
+            st = g4_generate(s, prompt, ctx, &o, &gs, err);
+            if (st) break;
+            double tps = (gs.n_generated - 1) / gs.decode_seconds;
+            printf("%8.2f %10.2f %8.2fx %12.2f %14.3f\n", a, tps, tps / plain,
+                   gs.rounds ? (double)(gs.accepted + gs.rounds) / gs.rounds : 0,
+                   gs.drafted ? gs.draft_seconds * 1e3 / gs.drafted : 0);
+            fflush(stdout);
+        }
+    }
+    free(oracle);
+    g4_drafter_free(d);
+    if (!draft_dir) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/config.json", tmpl);
+        remove(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", tmpl);
+        remove(path);
+        rmdir(tmpl);
+    }
+    return st;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
+    int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4;
+    const char *alpha_list = NULL, *draft_dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            bench_usage(stdout);
+            return 0;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) model_path = argv[++i];
+        else if (!strcmp(a, "--synth") && v) synth = argv[++i];
+        else if (!strcmp(a, "--storage") && v) storage = argv[++i];
+        else if (!strcmp(a, "--ctx") && v) ctx_list = argv[++i];
+        else if (!strcmp(a, "--threads")) {
+            if (cli_parse_int(a, v, 1, 256, &threads)) return 2;
+            i++;
+        } else if (!strcmp(a, "--gen")) {
+            if (cli_parse_int(a, v, 1, 1 << 20, &gen)) return 2;
+            i++;
+        } else if (!strcmp(a, "--layers")) {
+            if (cli_parse_int(a, v, 1, 1024, &layers)) return 2;
+            i++;
+        } else if (!strcmp(a, "--draft-k")) {
+            if (cli_parse_int(a, v, 1, G4_MAX_DRAFT, &draft_k)) return 2;
+            i++;
+        } else if (!strcmp(a, "--alpha") && v) alpha_list = argv[++i];
+        else if (!strcmp(a, "--draft") && v) draft_dir = argv[++i];
+        else if (!strcmp(a, "--no-verify")) verify = 0;
+        else {
+            fprintf(stderr, "g4 bench: unknown option or missing value: '%s'\n", a);
+            bench_usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_path == !synth) {
+        fprintf(stderr, "g4 bench: give exactly one of -m MODEL and --synth ARCH\n");
+        return 2;
+    }
+    int ctxs[16], n_ctx = 0, max_ctx = 0;
+    for (const char *p = ctx_list; *p && n_ctx < 16;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > (1 << 20) || (*end && *end != ',')) {
+            fprintf(stderr, "g4 bench: --ctx: '%s' is not a list of context lengths\n", ctx_list);
+            return 2;
+        }
+        ctxs[n_ctx++] = (int)v;
+        max_ctx = v > max_ctx ? (int)v : max_ctx;
+        p = *end ? end + 1 : end;
+    }
+    g4_error err = {0};
+    g4_model *m = NULL;
+    g4_session *s = NULL;
+    float *logits = NULL;
+    int32_t *toks = NULL;
+    int rc = 1;
+    double t0 = now();
+    if (synth) {
+        g4_synth_options so = {.seed = 1, .n_layers = layers, .n_threads = threads};
+        if (g4_model_synth(synth, &so, storage, &m, &err)) goto fail;
+    } else if (g4_model_load(model_path, NULL, &m, &err)) {
+        goto fail;
+    }
+    g4_model_info info;
+    g4_model_get_info(m, &info);
+    printf("model: %s%s (%s, %d layers, hidden %d), %.3f GB streamed per token, ready in %.1f s\n",
+           synth ? "synthetic " : "", synth ? synth : model_path, storage ? storage : synth ? "bf16" : info.arch,
+           info.n_layers, info.hidden, info.weight_bytes / 1e9, now() - t0);
+    g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = 64};
+    if (g4_session_create(m, &o, &s, &err)) goto fail;
+    int nt = threads;
+    if (!nt) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = c > 0 ? (int)c : 1;
+    }
+    double bw = 0;
+    if (g4_measure_read_bandwidth(nt, (size_t)1 << 30, 5, &bw, &err)) goto fail;
+    printf("memory read bandwidth (%d threads, measured now): %.1f GB/s\n\n", nt, bw);
+    logits = malloc(sizeof(float) * info.vocab);
+    toks = malloc(sizeof(int32_t) * (size_t)(max_ctx + 64));
+    if (!logits || !toks) goto fail;
+    uint64_t r = 42;
+    for (int i = 0; i < max_ctx + 64; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (int32_t)(3 + (r >> 33) % (uint64_t)(info.vocab - 3));
+    }
+    toks[0] = info.bos;
+    printf("%8s %12s %12s %12s %10s %8s\n", "context", "prefill t/s", "decode t/s", "ms/token", "GB/s", "of bw");
+    for (int ci = 0; ci < n_ctx; ci++) {
+        int c = ctxs[ci];
+        g4_session_reset(s);
+        double a = now();
+        if (g4_session_forward(s, toks, c, G4_LOGITS_LAST, logits, &err)) goto fail;
+        double pre = now() - a;
+        int32_t t = argmax(logits, info.vocab);
+        a = now();
+        for (int i = 0; i < gen; i++) {
+            if (g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, &err)) goto fail;
+            t = argmax(logits, info.vocab);
+        }
+        double dec = (now() - a) / gen;
+        double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2);
+        printf("%8d %12.1f %12.2f %12.2f %10.1f %7.0f%%\n", c, c / pre, 1 / dec, dec * 1e3, bytes / dec / 1e9,
+               100 * bytes / dec / 1e9 / bw);
+        fflush(stdout);
+    }
+    if (verify) {
+        /* the cost of scoring k drafts plus the current token in one block, vs one step */
+        printf("\nverify block (k drafts + 1) vs one decode step, context %d:\n", ctxs[0]);
+        g4_session_reset(s);
+        if (g4_session_forward(s, toks, ctxs[0], G4_LOGITS_NONE, NULL, &err)) goto fail;
+        float *lg = malloc(sizeof(float) * (size_t)info.vocab * 7);
+        double single = 0;
+        for (int k = 0; k <= 6 && lg; k++) {
+            int reps = 8;
+            /* time the blocks alone */
+            double tb = 0;
+            for (int rep = 0; rep < reps; rep++) {
+                double b = now();
+                if (g4_session_forward(s, toks + 1, k + 1, G4_LOGITS_ALL, lg, &err)) {
+                    free(lg);
+                    goto fail;
+                }
+                tb += now() - b;
+                g4_session_reset(s);
+                if (g4_session_forward(s, toks, ctxs[0], G4_LOGITS_NONE, NULL, &err)) {
+                    free(lg);
+                    goto fail;
+                }
+            }
+            tb /= reps;
+            if (k == 0) single = tb;
+            printf("  k = %d: %8.2f ms  (%.2fx one step)\n", k, tb * 1e3, tb / single);
+        }
+        free(lg);
+    }
+    if (alpha_list && alpha_table(m, s, toks, ctxs[0], gen, draft_k, alpha_list, draft_dir, &err)) goto fail;
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "g4 bench: %s\n", err.message);
+done:
+    free(logits);
+    free(toks);
+    g4_session_free(s);
+    g4_model_free(m);
+    return rc;
+}

@@ -1,0 +1,406 @@
+/* Quantise / dequantise for every weight storage type. Scalar only: writers run these once per
+ * tensor, and the matmul kernels never dequantise to floats (see kernels.c). */
+#include "cpu/quant.h"
+
+#include "cpu/kernels_internal.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+static const struct { int cols, bytes; } block_info[G4_W_COUNT] = {
+    [G4_W_F32] = {1, 4},     [G4_W_F16] = {1, 2},     [G4_W_BF16] = {1, 2},
+    [G4_W_Q8_0] = {32, 34},  [G4_W_Q4_0] = {32, 18},  [G4_W_Q4_1] = {32, 20},
+    [G4_W_Q5_0] = {32, 22},  [G4_W_Q5_1] = {32, 24},  [G4_W_Q4_K] = {256, 144},
+    [G4_W_Q5_K] = {256, 176}, [G4_W_Q6_K] = {256, 210}, [G4_W_AFFINE] = {32, 0},
+    [G4_W_SYMM] = {32, 0},
+};
+
+int g4_wtype_block_cols(g4_wtype t) { return t < G4_W_COUNT ? block_info[t].cols : 0; }
+
+size_t g4_wtype_row_bytes(g4_wtype t, int cols, int bits) {
+    if (t >= G4_W_COUNT || cols <= 0 || cols % block_info[t].cols) return 0;
+    if (t == G4_W_AFFINE) return bits >= 2 && bits <= 8 ? (size_t)cols * bits / 8 : 0;
+    if (t == G4_W_SYMM) return bits == 2 || bits == 4 || bits == 8 ? (size_t)cols * bits / 8 : 0;
+    return (size_t)cols / block_info[t].cols * block_info[t].bytes;
+}
+
+float g4_round_even(float v) {
+    /* Adding and removing 2^23 leaves an integer rounded to even; larger magnitudes (and NaN,
+     * infinities) are integers already. */
+    if (!(fabsf(v) < 8388608.0f)) return v;
+    float big = v < 0 ? -8388608.0f : 8388608.0f;
+    volatile float t = v + big; /* volatile: keep the two roundings apart */
+    return t - big;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline void wr16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void wr32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static inline float h2f(const uint8_t *p) { return g4_f16_to_f32(rd16(p)); }
+
+/* The value of largest magnitude, sign kept (the first one on ties), as ggml's Q4_0/Q5_0 use. */
+static float signed_absmax(const float *x, int n) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < n; j++)
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
+static void minmax(const float *x, int n, float *mn, float *mx) {
+    float a = FLT_MAX, b = -FLT_MAX;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < a) a = x[j];
+        if (x[j] > b) b = x[j];
+    }
+    *mn = a;
+    *mx = b;
+}
+
+/* ---- 32-element blocks ---------------------------------------------------------------------- */
+
+static void q8_0_block(const float *x, uint8_t *b) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+    wr16(b, g4_f32_to_f16(d));
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+/* Q4_0 / Q5_0: d = (value of largest magnitude) / −2^(bits−1); q = min(2^bits − 1, trunc(x/d + 2^(bits−1) + 0.5)). */
+static void q_0_block(const float *x, uint8_t *b, int bits) {
+    float half = (float)(1 << (bits - 1)), d = signed_absmax(x, 32) / -half, id = d ? 1.0f / d : 0.0f;
+    int top = (1 << bits) - 1;
+    uint8_t q[32];
+    for (int j = 0; j < 32; j++) {
+        int v = (int)(x[j] * id + (half + 0.5f));
+        q[j] = (uint8_t)(v > top ? top : v < 0 ? 0 : v);
+    }
+    wr16(b, g4_f32_to_f16(d));
+    uint8_t *qs = b + 2;
+    if (bits == 5) {
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+        wr32(b + 2, qh);
+        qs = b + 6;
+    }
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+}
+
+/* Q4_1 / Q5_1: d = (max − min)/(2^bits − 1), m = min, q = min(top, trunc((x − min)/d + 0.5)). */
+static void q_1_block(const float *x, uint8_t *b, int bits) {
+    float mn, mx;
+    minmax(x, 32, &mn, &mx);
+    int top = (1 << bits) - 1;
+    float d = (mx - mn) / top, id = d ? 1.0f / d : 0.0f;
+    uint8_t q[32];
+    for (int j = 0; j < 32; j++) {
+        int v = (int)((x[j] - mn) * id + 0.5f);
+        q[j] = (uint8_t)(v > top ? top : v < 0 ? 0 : v);
+    }
+    wr16(b, g4_f32_to_f16(d));
+    wr16(b + 2, g4_f32_to_f16(mn));
+    uint8_t *qs = b + 4;
+    if (bits == 5) {
+        uint32_t qh = 0;
+        for (int j = 0; j < 32; j++) qh |= (uint32_t)(q[j] >> 4) << j;
+        wr32(b + 4, qh);
+        qs = b + 8;
+    }
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+}
+
+static void dq_32(g4_wtype t, const uint8_t *b, float *y) {
+    switch (t) {
+    case G4_W_Q8_0: {
+        float d = h2f(b);
+        for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
+        break;
+    }
+    case G4_W_Q4_0: {
+        float d = h2f(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)((b[2 + j] & 15) - 8);
+            y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+        break;
+    }
+    case G4_W_Q4_1: {
+        float d = h2f(b), m = h2f(b + 2);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)(b[4 + j] & 15) + m;
+            y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
+        }
+        break;
+    }
+    case G4_W_Q5_0: {
+        float d = h2f(b);
+        uint32_t qh = rd32(b + 2);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[6 + j] & 15) | (int)((qh >> j) & 1) << 4;
+            int hi = (b[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = d * (float)(lo - 16);
+            y[j + 16] = d * (float)(hi - 16);
+        }
+        break;
+    }
+    case G4_W_Q5_1: {
+        float d = h2f(b), m = h2f(b + 2);
+        uint32_t qh = rd32(b + 4);
+        for (int j = 0; j < 16; j++) {
+            int lo = (b[8 + j] & 15) | (int)((qh >> j) & 1) << 4;
+            int hi = (b[8 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[j] = d * (float)lo + m;
+            y[j + 16] = d * (float)hi + m;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* ---- K-quants ------------------------------------------------------------------------------- */
+
+void g4_k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+        *m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+static void k_set_scale_min(uint8_t *s, int j, int sc, int m) {
+    if (j < 4) {
+        s[j] = (uint8_t)((s[j] & 0xc0) | sc);
+        s[j + 4] = (uint8_t)((s[j + 4] & 0xc0) | m);
+    } else {
+        s[j + 4] = (uint8_t)((sc & 15) | (m & 15) << 4);
+        s[j - 4] = (uint8_t)((s[j - 4] & 63) | (sc >> 4) << 6);
+        s[j] = (uint8_t)((s[j] & 63) | (m >> 4) << 6);
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Q4_K / Q5_K: per sub-block of 32 the range [min(0, min), max] over 2^bits − 1 steps; the eight
+ * scales and mins are then coded in 6 bits against the super-block's largest (d, dmin). */
+static void qk_45_block(const float *x, uint8_t *b, int bits) {
+    int top = (1 << bits) - 1;
+    float scale[8], mins[8], maxs = 0, maxm = 0;
+    for (int s = 0; s < 8; s++) {
+        float mn, mx;
+        minmax(x + 32 * s, 32, &mn, &mx);
+        if (mn > 0) mn = 0;
+        if (mx < mn) mx = mn;
+        scale[s] = (mx - mn) / top;
+        mins[s] = -mn;
+        maxs = fmaxf(maxs, scale[s]);
+        maxm = fmaxf(maxm, mins[s]);
+    }
+    uint16_t hd = g4_f32_to_f16(maxs / 63), hm = g4_f32_to_f16(maxm / 63);
+    float d = g4_f16_to_f32(hd), dmin = g4_f16_to_f32(hm);
+    uint8_t *sc_bytes = b + 4, q[256];
+    memset(sc_bytes, 0, 12);
+    for (int s = 0; s < 8; s++) {
+        int sc = d > 0 ? clampi((int)g4_round_even(scale[s] / d), 0, 63) : 0;
+        int m = dmin > 0 ? clampi((int)g4_round_even(mins[s] / dmin), 0, 63) : 0;
+        k_set_scale_min(sc_bytes, s, sc, m);
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        for (int l = 0; l < 32; l++)
+            q[32 * s + l] = (uint8_t)(ds > 0 ? clampi((int)g4_round_even((x[32 * s + l] + dm) / ds), 0, top) : 0);
+    }
+    wr16(b, hd);
+    wr16(b + 2, hm);
+    uint8_t *qs = b + 16;
+    if (bits == 5) {
+        uint8_t *qh = b + 16;
+        memset(qh, 0, 32);
+        for (int s = 0; s < 8; s++)
+            for (int l = 0; l < 32; l++) qh[l] |= (uint8_t)((q[32 * s + l] >> 4) << s);
+        qs = b + 48;
+    }
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++)
+            qs[32 * c + l] = (uint8_t)((q[64 * c + l] & 15) | (q[64 * c + 32 + l] & 15) << 4);
+}
+
+static void dqk_45_block(const uint8_t *b, float *y, int bits) {
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *scb = b + 4, *qh = b + 16, *qs = b + (bits == 5 ? 48 : 16);
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        g4_k_scale_min(scb, s, &sc, &m);
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        for (int l = 0; l < 32; l++) {
+            int q = (qs[32 * (s / 2) + l] >> (4 * (s & 1))) & 15;
+            if (bits == 5) q |= ((qh[l] >> s) & 1) << 4;
+            y[32 * s + l] = ds * (float)q - dm;
+        }
+    }
+}
+
+/* Q6_K element e of a super-block, as the unsigned 6-bit code. */
+static inline int q6k_code(const uint8_t *b, int e) {
+    int h = e / 128, r = e % 128, l = r % 32, quarter = r / 32;
+    const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+    int lo = (quarter & 1) ? ql[l + 32] : ql[l];
+    lo = quarter >= 2 ? lo >> 4 : lo & 15;
+    return lo | ((qh[l] >> (2 * quarter)) & 3) << 4;
+}
+
+/* Q6_K: per sub-block of 16 a scale = (value of largest magnitude)/−32, coded as int8 against the
+ * super-block's largest scale magnitude d·127. */
+static void qk_6_block(const float *x, uint8_t *b) {
+    float scale[16], amax = 0;
+    for (int s = 0; s < 16; s++) {
+        scale[s] = signed_absmax(x + 16 * s, 16) / -32.0f;
+        amax = fmaxf(amax, fabsf(scale[s]));
+    }
+    uint16_t hd = g4_f32_to_f16(amax / 127);
+    float d = g4_f16_to_f32(hd);
+    memset(b, 0, 210);
+    int8_t *scs = (int8_t *)(b + 192);
+    for (int s = 0; s < 16; s++) {
+        int sc = d > 0 ? clampi((int)g4_round_even(scale[s] / d), -128, 127) : 0;
+        scs[s] = (int8_t)sc;
+        float ds = d * (float)sc;
+        for (int j = 0; j < 16; j++) {
+            int e = 16 * s + j;
+            int q = ds != 0 ? clampi((int)g4_round_even(x[e] / ds), -32, 31) + 32 : 32;
+            int h = e / 128, r = e % 128, l = r % 32, quarter = r / 32;
+            uint8_t *ql = b + 64 * h + ((quarter & 1) ? 32 : 0), *qh = b + 128 + 32 * h;
+            ql[l] |= (uint8_t)((q & 15) << (quarter >= 2 ? 4 : 0));
+            qh[l] |= (uint8_t)((q >> 4) << (2 * quarter));
+        }
+    }
+    wr16(b + 208, hd);
+}
+
+static void dqk_6_block(const uint8_t *b, float *y) {
+    float d = h2f(b + 208);
+    const int8_t *scs = (const int8_t *)(b + 192);
+    for (int e = 0; e < 256; e++) y[e] = d * (float)scs[e / 16] * (float)(q6k_code(b, e) - 32);
+}
+
+/* ---- the row entry points ------------------------------------------------------------------- */
+
+void g4_quantize_row(g4_wtype t, const float *x, int n, void *dst) {
+    uint8_t *o = dst;
+    int bc = g4_wtype_block_cols(t), bb = t < G4_W_COUNT ? block_info[t].bytes : 0;
+    for (int i = 0; i + bc <= n && bc > 0; i += bc, o += bb) {
+        switch (t) {
+        case G4_W_F32: memcpy(o, x + i, 4); break;
+        case G4_W_F16: wr16(o, g4_f32_to_f16(x[i])); break;
+        case G4_W_BF16: wr16(o, g4_f32_to_bf16(x[i])); break;
+        case G4_W_Q8_0: q8_0_block(x + i, o); break;
+        case G4_W_Q4_0: q_0_block(x + i, o, 4); break;
+        case G4_W_Q5_0: q_0_block(x + i, o, 5); break;
+        case G4_W_Q4_1: q_1_block(x + i, o, 4); break;
+        case G4_W_Q5_1: q_1_block(x + i, o, 5); break;
+        case G4_W_Q4_K: qk_45_block(x + i, o, 4); break;
+        case G4_W_Q5_K: qk_45_block(x + i, o, 5); break;
+        case G4_W_Q6_K: qk_6_block(x + i, o); break;
+        default: return;
+        }
+    }
+}
+
+void g4_dequantize_row(g4_wtype t, const void *src, int n, float *out) {
+    const uint8_t *p = src;
+    int bc = g4_wtype_block_cols(t), bb = t < G4_W_COUNT ? block_info[t].bytes : 0;
+    for (int i = 0; i + bc <= n && bc > 0; i += bc, p += bb) {
+        switch (t) {
+        case G4_W_F32: memcpy(out + i, p, 4); break;
+        case G4_W_F16: out[i] = g4_f16_to_f32(rd16(p)); break;
+        case G4_W_BF16: out[i] = g4_bf16_to_f32(rd16(p)); break;
+        case G4_W_Q4_K: dqk_45_block(p, out + i, 4); break;
+        case G4_W_Q5_K: dqk_45_block(p, out + i, 5); break;
+        case G4_W_Q6_K: dqk_6_block(p, out + i); break;
+        case G4_W_AFFINE: case G4_W_SYMM: case G4_W_COUNT: return;
+        default: dq_32(t, p, out + i); break;
+        }
+    }
+}
+
+void g4_stream_pack(const uint8_t *vals, long n, int bits, uint8_t *stream) {
+    memset(stream, 0, (size_t)((n * bits + 7) / 8));
+    for (long i = 0; i < n; i++) {
+        long bit = i * bits;
+        unsigned v = (unsigned)(vals[i] & ((1u << bits) - 1)) << (bit & 7);
+        stream[bit >> 3] |= (uint8_t)v;
+        if ((bit & 7) + bits > 8) stream[(bit >> 3) + 1] |= (uint8_t)(v >> 8);
+    }
+}
+
+void g4_quantize_row_affine(const float *x, int n, int bits, int group, uint32_t *codes, float *scales,
+                            float *biases) {
+    float n_bins = (float)((1 << bits) - 1);
+    uint8_t q[128];
+    uint8_t *stream = (uint8_t *)codes;
+    memset(stream, 0, (size_t)n * bits / 8);
+    for (int g = 0; g * group < n; g++) {
+        const float *w = x + (size_t)g * group;
+        float mn, mx;
+        minmax(w, group, &mn, &mx);
+        int neg_edge = fabsf(mn) > fabsf(mx);
+        float scale = fmaxf((mx - mn) / n_bins, 1e-7f);
+        if (!neg_edge) scale = -scale;
+        float edge = neg_edge ? mn : mx, q0 = rintf(edge / scale), bias = 0;
+        if (q0 != 0) {
+            scale = edge / q0;
+            bias = edge;
+        }
+        for (int j = 0; j < group; j++) {
+            float v = rintf((w[j] - bias) / scale);
+            q[j] = (uint8_t)(v < 0 ? 0 : v > n_bins ? n_bins : v);
+        }
+        /* group·bits is a multiple of 8, so each group starts on a byte */
+        g4_stream_pack(q, group, bits, stream + (size_t)g * group * bits / 8);
+        scales[g] = scale;
+        biases[g] = bias;
+    }
+}
+
+void g4_dequantize_row_affine(const uint32_t *codes, int n, int bits, int group, const float *scales,
+                              const float *biases, float *out) {
+    const uint8_t *stream = (const uint8_t *)codes;
+    for (int i = 0; i < n; i++)
+        out[i] = scales[i / group] * (float)g4_stream_code(stream, i, bits) + biases[i / group];
+}
+
+float g4_quantize_row_symm(const float *x, int n, int bits, uint8_t *codes) {
+    int hi = (1 << (bits - 1)) - 1, lo = -(1 << (bits - 1));
+    float amax = 0;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float scale = amax / (float)hi;
+    memset(codes, 0, (size_t)n * bits / 8);
+    for (int i = 0; i < n; i++) {
+        int q = scale > 0 ? clampi((int)rintf(x[i] / scale), lo, hi) : 0;
+        unsigned u = bits == 8 ? (uint8_t)(int8_t)q : (unsigned)(q - lo);
+        long bit = (long)i * bits;
+        codes[bit >> 3] |= (uint8_t)(u << (bit & 7));
+    }
+    return scale;
+}
+
+void g4_dequantize_row_symm(const uint8_t *codes, int n, int bits, float scale, float *out) {
+    int off = 1 << (bits - 1);
+    for (int i = 0; i < n; i++) {
+        int q = bits == 8 ? (int8_t)codes[i] : (int)g4_stream_code(codes, i, bits) - off;
+        out[i] = scale * (float)q;
+    }
+}

@@ -1,0 +1,82 @@
+/* The CUDA backend as the runtime sees it: a device-side session (weights uploaded once, the KV
+ * cache with the CPU's staging/commit design, scratch) and the few calls generation needs.
+ * Implemented in src/cuda/ (the .cu files); compiled only when nvcc is available (G4_HAVE_CUDA). Every call
+ * returns a g4_status; nothing prints.
+ *
+ * Exactness: one persistent kernel runs the whole forward for any number of tokens M, and each
+ * output element is reduced the same way whatever M is (cuda/program.h), so the logits of a
+ * position are bitwise identical whether it was decoded alone, verified in a block of k+1 or
+ * prefilled in a chunk. Against the CPU backend the results agree to tolerance, not bitwise. */
+#ifndef G4_CUDA_CUDA_H
+#define G4_CUDA_CUDA_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "g4.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct g4_model;
+struct g4_drafter;
+typedef struct g4_cuda g4_cuda;
+
+/* G4_OK when a CUDA device this build can run on is present; otherwise G4_ERR_UNSUPPORTED with
+ * a message starting "no CUDA device/driver: ". desc (may be NULL) receives the device's name. */
+g4_status g4_cuda_probe(char *desc, size_t desc_len, g4_error *err);
+
+/* Uploads m's weights and allocates the cache for n_ctx positions and blocks of max_batch tokens.
+ * m must outlive the session. Fails with G4_ERR_UNSUPPORTED for weight formats the GPU does not
+ * run yet (quantised matrices). */
+g4_status g4_cuda_create(const struct g4_model *m, int n_ctx, int max_batch, g4_cuda **out, g4_error *err);
+void g4_cuda_free(g4_cuda *c);
+
+/* Runs tokens[0..M) at positions pos.. . K/V go to staging (commit them with g4_cuda_commit),
+ * except with direct (M == 1 only), which writes them straight into the cache. Logits of tokens
+ * [lm_from, M) are computed when want_logits and copied to logits ([M - lm_from][V]) when it is
+ * not NULL; the final-normed hidden of those tokens is kept for g4_cuda_save_hidden. */
+g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                          float *logits, int direct, g4_error *err);
+/* Copies staged rows [0, n) of the last forward (which started at stage_pos) into the cache. */
+g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err);
+/* Argmax token ids of the last forward's rows [lm_from, M) (computed on the device). */
+g4_status g4_cuda_argmax(g4_cuda *c, int m0, int n, int32_t *out, g4_error *err);
+
+/* Named intermediates of the last forward for debugging dumps: "embed", "ple", "layer_out"
+ * (needs g4_cuda_set_debug), "final_norm", "logits". Rows m0..m0+n-1 of `layer`. */
+g4_status g4_cuda_set_debug(g4_cuda *c, int on, g4_error *err);
+g4_status g4_cuda_read(g4_cuda *c, const char *name, int layer, int m0, int n, float *out, int *row_len,
+                       g4_error *err);
+
+/* ---- drafting ---------------------------------------------------------------------------------- */
+/* Uploads d (once per drafter; a different drafter replaces it). */
+g4_status g4_cuda_draft_attach(g4_cuda *c, const struct g4_drafter *d, g4_error *err);
+/* The drafter's carried hidden := the final-normed hidden of row `row` of the last forward. */
+g4_status g4_cuda_save_hidden(g4_cuda *c, int row, g4_error *err);
+/* n_steps drafter steps in one launch at query position qpos, the first fed `tok`, each next one
+ * the previous step's argmax. begin: start from the saved hidden (else continue the carry).
+ * drafts[n_steps] receives the argmax tokens; logits ([n_steps][V]) and hidden0 ([H], the
+ * projected hidden after the first step) may be NULL. */
+g4_status g4_cuda_draft(g4_cuda *c, int32_t tok, int qpos, int n_steps, int begin, int32_t *drafts, float *logits,
+                        float *hidden0, g4_error *err);
+
+/* ---- benchmarking ------------------------------------------------------------------------------- */
+/* n chained greedy decode steps from (pos, tok), one launch per token with the next id kept on
+ * the device; writes the tokens to out (may be NULL) and the GPU time to *seconds. */
+g4_status g4_cuda_decode_chain(g4_cuda *c, int pos, int32_t tok, int n, int32_t *out, double *seconds,
+                               g4_error *err);
+/* reps forwards of M tokens at pos (staged, all logits, no commit), GPU time per forward. */
+g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int reps, double *seconds,
+                               g4_error *err);
+/* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
+void g4_cuda_set_skip(g4_cuda *c, int mask);
+/* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
+g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
+/* The persistent kernel's grid (blocks), stages per token and bytes of device memory in use. */
+void g4_cuda_describe(const g4_cuda *c, int *grid, int *n_ops, size_t *weight_bytes, size_t *scratch_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

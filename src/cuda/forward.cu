@@ -1,0 +1,1025 @@
+/* The CUDA backend's kernels: one persistent kernel interprets a stage list (program.h) for any
+ * number of tokens M. Every block is resident (cooperative launch, grid sized by the occupancy
+ * calculator); stages are separated by a grid-wide barrier built from one atomic counter and a
+ * generation word.
+ *
+ * Exactness: the arithmetic of one output element never depends on M, on the token tiling, on the
+ * grid size or on which warp computes it (program.h says how each kind of element is reduced).
+ * Built with -fmad=false: no multiply-add is fused unless written as fmaf, so two paths that
+ * write the same expression give the same bits.
+ *
+ * Memory: weights are read with ld.global.nc (never written during a launch); activations written
+ * by other blocks earlier in the same launch are read with ld.global.cg (L2), so a stale L1 line
+ * can never be seen after a barrier. */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/internal.h"
+
+#define DEV static __device__ __forceinline__
+#define DEVN static __device__ __noinline__
+
+/* ---- loads ----------------------------------------------------------------------------------- */
+
+DEV uint4 ld_w16(const void *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+DEV float lda(const float *p) { return __ldcg(p); }
+DEV float4 lda4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
+DEV int ldi(const int *p) { return __ldcg(p); }
+DEV float ldv(const float *p) { return __ldg(p); }
+
+DEV float bf16f(unsigned h) { return __uint_as_float(h << 16); }
+DEV float f16f(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+/* element (r, c) of a dense matrix as float (embedding gathers) */
+DEV float mat_at(const g4c_mat &m, long long r, int c) {
+    const char *row = (const char *)m.data + r * m.row_bytes;
+    if (m.type == G4C_F32) return __ldg((const float *)row + c);
+    unsigned h = __ldg((const unsigned short *)row + c);
+    return m.type == G4C_F16 ? f16f(h) : bf16f(h);
+}
+
+DEV float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi); the CPU's g4_gelu_tanh, term for term */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+/* ---- reductions (fixed shapes: every lane/thread ends with the same bits) --------------------- */
+
+DEV double warp_sum_d(double v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEV float warp_sum_f(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEV float warp_max_f(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* (value, index) with the larger value, the lower index on ties */
+DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+/* Sum over the block in double: warp butterflies, then every thread adds the warp sums in order. */
+DEV double block_sum_d(double v, double *red) {
+    v = warp_sum_d(v);
+    __syncthreads(); /* red may still be read from the previous call */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < G4C_WARPS; w++) s += red[w];
+    return s;
+}
+
+DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / n + (double)eps)); }
+
+/* ---- the grid barrier --------------------------------------------------------------------------- */
+
+/* Barrier k of a grid of G blocks completes when the arrival counter reaches (k+1)·G: one atomic
+ * per block, no reset (the 64-bit counter never wraps in practice). */
+DEV void grid_sync(g4c_ctl *ctl) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned long long old = atomicAdd(&ctl->bar, 1ull);
+        unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+        volatile unsigned long long *b = &ctl->bar;
+        while (*b < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* ---- the dot product: two weight rows against mt input rows -------------------------------------- */
+
+template <int T> DEV void unpack(const uint4 &w, float *f);
+template <> __device__ __forceinline__ void unpack<G4C_BF16>(const uint4 &w, float *f) {
+    f[0] = __uint_as_float(w.x << 16); f[1] = __uint_as_float(w.x & 0xffff0000u);
+    f[2] = __uint_as_float(w.y << 16); f[3] = __uint_as_float(w.y & 0xffff0000u);
+    f[4] = __uint_as_float(w.z << 16); f[5] = __uint_as_float(w.z & 0xffff0000u);
+    f[6] = __uint_as_float(w.w << 16); f[7] = __uint_as_float(w.w & 0xffff0000u);
+}
+template <> __device__ __forceinline__ void unpack<G4C_F16>(const uint4 &w, float *f) {
+    f[0] = f16f(w.x & 0xffffu); f[1] = f16f(w.x >> 16);
+    f[2] = f16f(w.y & 0xffffu); f[3] = f16f(w.y >> 16);
+    f[4] = f16f(w.z & 0xffffu); f[5] = f16f(w.z >> 16);
+    f[6] = f16f(w.w & 0xffffu); f[7] = f16f(w.w >> 16);
+}
+template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, float *f) {
+    f[0] = __uint_as_float(w.x); f[1] = __uint_as_float(w.y);
+    f[2] = __uint_as_float(w.z); f[3] = __uint_as_float(w.w);
+}
+
+/* acc[r][m] = w_r · x_m for the warp. Lane l owns 16-byte chunks l, l+32, ... in ascending order,
+ * one fmaf accumulator per (row, token); then the xor butterfly. The unroll U only groups loads
+ * ahead of their use; it never changes the sequence of operations on any accumulator. */
+template <int T, int MTT>
+DEV void dot2(const char *w0, const char *w1, int K, const float *x, int ldx, int mt, float (&acc)[2][G4C_MT]) {
+    constexpr int E = T == G4C_F32 ? 4 : 8;
+    constexpr int U = 4;
+    const int lane = threadIdx.x & 31, nch = K / E;
+    float a0[MTT], a1[MTT];
+#pragma unroll
+    for (int m = 0; m < MTT; m++) a0[m] = a1[m] = 0.0f;
+    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+        uint4 wv0[U], wv1[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + 32 * u;
+            if (c < nch) {
+                wv0[u] = ld_w16(w0 + (size_t)c * 16);
+                wv1[u] = ld_w16(w1 + (size_t)c * 16);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int c = c0 + 32 * u;
+            if (c < nch) {
+                float f0[E], f1[E];
+                unpack<T>(wv0[u], f0);
+                unpack<T>(wv1[u], f1);
+#pragma unroll
+                for (int m = 0; m < MTT; m++) {
+                    if (m < mt) {
+                        const float *xp = x + (size_t)m * ldx + (size_t)c * E;
+#pragma unroll
+                        for (int j = 0; j < E; j += 4) {
+                            float4 v = *reinterpret_cast<const float4 *>(xp + j);
+                            a0[m] = fmaf(f0[j], v.x, a0[m]);
+                            a1[m] = fmaf(f1[j], v.x, a1[m]);
+                            a0[m] = fmaf(f0[j + 1], v.y, a0[m]);
+                            a1[m] = fmaf(f1[j + 1], v.y, a1[m]);
+                            a0[m] = fmaf(f0[j + 2], v.z, a0[m]);
+                            a1[m] = fmaf(f1[j + 2], v.z, a1[m]);
+                            a0[m] = fmaf(f0[j + 3], v.w, a0[m]);
+                            a1[m] = fmaf(f1[j + 3], v.w, a1[m]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        acc[0][m] = warp_sum_f(a0[m]);
+        acc[1][m] = warp_sum_f(a1[m]);
+    }
+}
+
+DEV void dot2_any(int type, const char *w0, const char *w1, int K, const float *x, int ldx, int mt,
+                  float (&acc)[2][G4C_MT]) {
+    if (type == G4C_BF16) dot2<G4C_BF16, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
+    else if (type == G4C_F16) dot2<G4C_F16, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
+    else dot2<G4C_F32, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
+}
+
+/* ---- shared-memory layout of the tail (after the input tile) ---------------------------------- */
+
+typedef struct {
+    double *red;   /* [32] */
+    float *bv;     /* [WARPS][MT] */
+    int *bi;       /* [WARPS][MT] */
+    float *mn;     /* [WARPS] */
+    int *flag;     /* [4] */
+} tail_t;
+
+DEV tail_t tail_of(float *sm, const g4c_params &p) {
+    tail_t t;
+    t.red = (double *)(sm + p.smem_in_floats);
+    t.bv = (float *)(t.red + 32);
+    t.bi = (int *)(t.bv + G4C_WARPS * G4C_MT);
+    t.mn = (float *)(t.bi + G4C_WARPS * G4C_MT);
+    t.flag = (int *)(t.mn + G4C_WARPS);
+    return t;
+}
+
+/* ---- the input tile ------------------------------------------------------------------------------ */
+
+/* Rows t0 .. t0+mt-1 of the stage's input into sm[m * K ...], transformed as the stage asks. Every
+ * block computes the same values; block 0 also writes the ones the rest of the program needs. */
+DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
+                     const g4c_params &p) {
+    const g4c_in in = *inp;
+    const int tid = threadIdx.x;
+    const bool writer = blockIdx.x == 0;
+    /* every loop below touches element i from the same thread (i = tid + k·blockDim), so the only
+     * cross-thread steps are the block reductions */
+    for (int m = 0; m < mt; m++) {
+        const int tm = t0 + m;
+        float *v = sm + (size_t)m * K;
+        if (in.kind == G4C_IN_CONCAT) { /* drafter: [E_target[tok] * s, carried hidden] */
+            const int H = K / 2;
+            const int tok = step == 0 ? ldi(&p.ctl->dtok0) : ldi(&p.ctl->drafts[step - 1]);
+            for (int i = tid; i < H; i += G4C_THREADS) {
+                v[i] = mat_at(in.emb, tok, i) * in.emb_scale;
+                v[H + i] = lda(in.hid + i);
+            }
+            continue;
+        }
+        const float *x = in.x + (size_t)tm * in.ldx;
+#pragma unroll 4
+        for (int i = tid; i < K; i += G4C_THREADS) v[i] = lda(x + i);
+        if (in.kind != G4C_IN_NORM) continue;
+        if (in.t) { /* residual: v += rms_w(t_w)(t) */
+            const float *t = in.t + (size_t)tm * K;
+            double ss = 0;
+#pragma unroll 4
+            for (int i = tid; i < K; i += G4C_THREADS) {
+                double a = lda(t + i);
+                ss += a * a;
+            }
+            float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+#pragma unroll 4
+            for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] + lda(t + i) * inv * ldv(in.t_w + i);
+        }
+        if (in.has_scalar)
+            for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * in.scalar;
+        if (writer && in.x_out)
+            for (int i = tid; i < K; i += G4C_THREADS) in.x_out[(size_t)tm * K + i] = v[i];
+        if (writer && in.dbg)
+            for (int i = tid; i < K; i += G4C_THREADS) in.dbg[(size_t)tm * K + i] = v[i];
+        if (in.norm != G4C_NORM_NONE) {
+            double ss = 0;
+            for (int i = tid; i < K; i += G4C_THREADS) ss += (double)v[i] * v[i];
+            float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+            if (in.norm == G4C_NORM_RMS)
+                for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * inv * ldv(in.norm_w + i);
+            else
+                for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * inv * in.norm_scale * ldv(in.norm_w + i);
+            if (writer && in.normed_out)
+                for (int i = tid; i < K; i += G4C_THREADS)
+                    in.normed_out[(size_t)tm * K + (size_t)step * in.normed_step + i] = v[i];
+        }
+    }
+    __syncthreads();
+}
+
+/* ---- argmax / min across the grid: per-block partials, the last block to finish combines ------ */
+
+/* Called by every block after it wrote its partials for tokens [m0, m1). kind 1: target tokens
+ * (ctl->next, decode chain); 2: drafter step (ctl->drafts[step]); with_min: ctl->dmin too. */
+DEVN void finish_argmax(const g4c_params &p, int m0, int m1, int kind, int step, int with_min, int *flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag[0] = atomicAdd(&p.ctl->done_count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!flag[0]) return;
+    __threadfence();
+    for (int m = m0 + (int)threadIdx.x; m < m1; m += G4C_THREADS) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (unsigned b = 0; b < gridDim.x; b++) {
+            float v = lda(p.amax_part + (size_t)b * G4C_MAXB + m);
+            int i = ldi(p.amax_idx + (size_t)b * G4C_MAXB + m);
+            if (better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        if (bi == INT_MAX) bi = 0; /* every value NaN: keep the chain on a valid id */
+        if (kind == 1) {
+            p.ctl->next[m] = bi;
+            if (p.chain && m == p.M - 1) {
+                p.ctl->tokens[0] = bi;
+                if (p.hist) p.hist[p.ctl->hist_n] = bi;
+                p.ctl->hist_n += 1;
+                p.ctl->pos += p.M;
+            }
+        } else {
+            p.ctl->drafts[step] = bi;
+        }
+    }
+    if (with_min && threadIdx.x == 0) {
+        float mn = INFINITY;
+        for (unsigned b = 0; b < gridDim.x; b++) mn = fminf(mn, lda(p.amin_part + b));
+        p.ctl->dmin = mn;
+    }
+    if (threadIdx.x == 0) p.ctl->done_count = 0;
+}
+
+/* warps' (value, index) for tokens m < mt of a tile -> this block's partials at [t0 + m] */
+DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0)
+        for (int m = 0; m < G4C_MT; m++) {
+            tl.bv[warp * G4C_MT + m] = bv[m];
+            tl.bi[warp * G4C_MT + m] = bi[m];
+        }
+    __syncthreads();
+    if ((int)threadIdx.x < mt) {
+        int m = threadIdx.x;
+        float v = -INFINITY;
+        int i = INT_MAX;
+        for (int w = 0; w < G4C_WARPS; w++)
+            if (better(tl.bv[w * G4C_MT + m], tl.bi[w * G4C_MT + m], v, i)) {
+                v = tl.bv[w * G4C_MT + m];
+                i = tl.bi[w * G4C_MT + m];
+            }
+        p.amax_part[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = v;
+        p.amax_idx[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = i;
+    }
+}
+
+/* ---- ops ------------------------------------------------------------------------------------------ */
+
+DEVN void op_embed(const g4c_op *op, const g4c_params &p) {
+    const int H = op->table.cols, M = p.M;
+    const size_t n = (size_t)M * H;
+    for (size_t idx = (size_t)blockIdx.x * G4C_THREADS + threadIdx.x; idx < n; idx += (size_t)gridDim.x * G4C_THREADS) {
+        int m = (int)(idx / H), i = (int)(idx % H);
+        int tok = ldi(&p.ctl->tokens[m]);
+        op->out[(size_t)m * op->out_ld + i] = mat_at(op->table, tok, i) * op->scale;
+    }
+}
+
+DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
+    const int nparts = (op->lm && !p.want_logits) ? 0 : op->nparts;
+    const int pair = op->epi == G4C_EPI_GELU_PAIR, epi = op->epi;
+    const int K = op->part[0].w.cols;
+    int items[G4C_MAXPART] = {0, 0, 0, 0}, total = 0, amax = 0;
+    if (pair) {
+        if (nparts) total = items[0] = op->part[0].w.rows;
+    } else {
+        for (int i = 0; i < nparts; i++) {
+            items[i] = (op->part[i].w.rows + 1) / 2;
+            total += items[i];
+        }
+    }
+    for (int i = 0; i < nparts; i++)
+        if (op->part[i].argmax) amax = op->part[i].argmax;
+    int mt_cap = p.smem_in_floats / K;
+    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    const float cap = op->cap;
+    for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
+        const int mt = min(mt_cap, M - t0);
+        load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
+        float bv[G4C_MT];
+        int bi[G4C_MT];
+#pragma unroll
+        for (int m = 0; m < G4C_MT; m++) {
+            bv[m] = -INFINITY;
+            bi[m] = INT_MAX;
+        }
+        for (int it = gw; it < total; it += nw) {
+            int pi = 0, li = it;
+            while (li >= items[pi]) {
+                li -= items[pi];
+                pi++;
+            }
+            const g4c_part *P0 = &op->part[pi];
+            const g4c_mat w = P0->w;
+            int r0, has1;
+            const char *w0, *w1;
+            if (pair) {
+                r0 = li;
+                has1 = 1;
+                w0 = (const char *)w.data + (size_t)li * w.row_bytes;
+                w1 = (const char *)op->part[1].w.data + (size_t)li * op->part[1].w.row_bytes;
+            } else {
+                r0 = 2 * li;
+                has1 = r0 + 1 < w.rows;
+                w0 = (const char *)w.data + (size_t)r0 * w.row_bytes;
+                w1 = has1 ? w0 + w.row_bytes : w0;
+            }
+            float acc[2][G4C_MT];
+            dot2_any(w.type, w0, w1, K, sm, K, mt, acc);
+            if (lane == 0) {
+                float *y = P0->y + (size_t)step * P0->y_step;
+                const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+                for (int m = 0; m < G4C_MT; m++) {
+                    const size_t tm = (size_t)(t0 + m);
+                    if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        if (m < mt && !pair && (rr == 0 || has1)) {
+                            const int r = r0 + rr;
+                            float v = acc[rr][m];
+                            if (epi == G4C_EPI_SOFTCAP) v = cap * tanhf(v / cap);
+                            else if (epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
+                            y[tm * ldy + r] = v;
+                            if (P0->y2) P0->y2[(size_t)step * P0->y2_step + tm * ldy + r] = v;
+                            if (track && better(v, r, bv[m], bi[m])) {
+                                bv[m] = v;
+                                bi[m] = r;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+        __syncthreads();
+    }
+    if (amax) finish_argmax(p, m_begin, M, amax, step, 0, tl.flag);
+}
+
+/* One warp: y = rms_w(w)(x) over d (w NULL: weightless), then RoPE at pos when rope. x may be y. */
+DEV void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, float theta, int pos,
+                        float eps, float *buf) {
+    const int lane = threadIdx.x & 31;
+    float r[G4C_MAXD / 32];
+#pragma unroll
+    for (int k = 0; k < G4C_MAXD / 32; k++) r[k] = lane + 32 * k < d ? lda(x + lane + 32 * k) : 0.0f;
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < G4C_MAXD / 32; k++)
+        if (lane + 32 * k < d) {
+            buf[lane + 32 * k] = r[k];
+            ss += (double)r[k] * r[k];
+        }
+    float inv = rms_inv(warp_sum_d(ss), d, eps);
+    for (int i = lane; i < d; i += 32) buf[i] = w ? buf[i] * inv * ldv(w + i) : buf[i] * inv;
+    __syncwarp();
+    const int half = d / 2;
+    if (rope) {
+        for (int i = lane; i < half; i += 32) {
+            float a = buf[i], b = buf[i + half];
+            if (i < R) {
+                double ang = (double)pos * pow((double)theta, -2.0 * i / d);
+                float c = (float)cos(ang), s = (float)sin(ang);
+                y[i] = a * c - b * s;
+                y[i + half] = b * c + a * s;
+            } else {
+                y[i] = a;
+                y[i + half] = b;
+            }
+        }
+    } else {
+        for (int i = lane; i < d; i += 32) y[i] = buf[i];
+    }
+    __syncwarp();
+}
+
+DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, own = op->qkv_own;
+    const int Mq = op->drafter ? 1 : p.M, per = nH + (own ? nkv : 0), row = nkv * d;
+    const int warp = threadIdx.x >> 5;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    float *buf = sm + warp * G4C_MAXD;
+    for (int it = gw; it < Mq * per; it += nw) {
+        const int m = it / per, j = it % per, pq = op->drafter ? p.qpos : pos0 + m;
+        if (j < nH) {
+            float *q = op->q + (size_t)m * nH * d + (size_t)j * d;
+            warp_norm_rope(q, q, op->q_norm, d, 1, op->pairs, op->theta, pq, p.eps, buf);
+            continue;
+        }
+        const int h = j - nH;
+        const float *kr = op->kraw + (size_t)m * row + (size_t)h * d;
+        const float *vr = op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)h * d;
+        float *kd, *vd;
+        if (p.direct) {
+            size_t slot = (size_t)(pq % op->cap_rows);
+            kd = op->kc + slot * row + (size_t)h * d;
+            vd = op->vc + slot * row + (size_t)h * d;
+        } else {
+            kd = op->kst + (size_t)m * row + (size_t)h * d;
+            vd = op->vst + (size_t)m * row + (size_t)h * d;
+        }
+        warp_norm_rope(vr, vd, NULL, d, 0, 0, 0.0f, 0, p.eps, buf); /* v: the raw k on K=V layers */
+        warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->theta, pq, p.eps, buf);
+    }
+}
+
+/* the chunk range of query position pq */
+DEV void attn_range(const g4c_op *op, int pq, int *lo, int *c_first, int *nch) {
+    int l = op->is_full ? 0 : max(0, pq - op->window + 1);
+    *lo = l;
+    *c_first = l / G4C_KCHUNK;
+    *nch = pq / G4C_KCHUNK - l / G4C_KCHUNK + 1;
+}
+
+DEV const float *kv_row(const float *stage, const float *cache, int cap, int stage_from, int j, int row) {
+    return j >= stage_from ? stage + (size_t)(j - stage_from) * row : cache + (size_t)(j % cap) * row;
+}
+
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
+    const int Mq = op->drafter ? 1 : p.M;
+    const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    int total = 0;
+    for (int m = 0; m < Mq; m++) {
+        int lo, cf, nch;
+        attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
+        total += nkv * nch;
+    }
+    float *qs = sm, *sc = sm + group * d, *smx = sc + group * G4C_KCHUNK, *ssum = smx + G4C_MAXGROUP;
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
+        for (;; m++) {
+            pq = op->drafter ? p.qpos : pos0 + m;
+            attn_range(op, pq, &lo, &cf, &nch);
+            if (rest < nkv * nch) break;
+            rest -= nkv * nch;
+        }
+        const int g = rest / nch, ci = rest % nch, c = cf + ci;
+        const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
+        const float *qsrc = op->q + (size_t)m * nH * d + (size_t)g * group * d;
+#pragma unroll 4
+        for (int i = tid; i < group * d / 4; i += G4C_THREADS) reinterpret_cast<float4 *>(qs)[i] = lda4(qsrc + 4 * i);
+        __syncthreads();
+        /* scores: a warp per key, lanes over float4 chunks of the head, then the butterfly */
+        for (int j = warp; j < n; j += G4C_WARPS) {
+            const float *kr = kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + (size_t)g * d;
+            float a[G4C_MAXGROUP];
+#pragma unroll
+            for (int hh = 0; hh < G4C_MAXGROUP; hh++) a[hh] = 0.0f;
+            for (int c4 = lane; c4 < d / 4; c4 += 32) {
+                float4 kv = lda4(kr + 4 * c4);
+#pragma unroll
+                for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+                    if (hh < group) {
+                        float4 q = *reinterpret_cast<const float4 *>(qs + hh * d + 4 * c4);
+                        a[hh] = fmaf(q.x, kv.x, a[hh]);
+                        a[hh] = fmaf(q.y, kv.y, a[hh]);
+                        a[hh] = fmaf(q.z, kv.z, a[hh]);
+                        a[hh] = fmaf(q.w, kv.w, a[hh]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+                if (hh < group) {
+                    float s = warp_sum_f(a[hh]);
+                    if (lane == 0) sc[hh * G4C_KCHUNK + j] = s;
+                }
+            }
+        }
+        __syncthreads();
+        for (int hh = warp; hh < group; hh += G4C_WARPS) {
+            float mx = -INFINITY;
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[hh * G4C_KCHUNK + j]);
+            mx = warp_max_f(mx);
+            float s = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                float e = expf(sc[hh * G4C_KCHUNK + j] - mx);
+                sc[hh * G4C_KCHUNK + j] = e;
+                s += e;
+            }
+            s = warp_sum_f(s);
+            if (lane == 0) {
+                smx[hh] = mx;
+                ssum[hh] = s;
+            }
+        }
+        __syncthreads();
+        float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2);
+        for (int e = tid; e < d; e += G4C_THREADS) {
+            float o[G4C_MAXGROUP];
+#pragma unroll
+            for (int hh = 0; hh < G4C_MAXGROUP; hh++) o[hh] = 0.0f;
+            for (int j0 = 0; j0 < n; j0 += 8) { /* 8 loads in flight, then the adds in key order */
+                float vv[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    vv[u] = j0 + u < n ? lda(kv_row(op->vst, op->vc, cap, stage_from, k0 + j0 + u, row) + (size_t)g * d + e)
+                                       : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    if (j0 + u < n) {
+#pragma unroll
+                        for (int hh = 0; hh < G4C_MAXGROUP; hh++)
+                            if (hh < group) o[hh] = fmaf(sc[hh * G4C_KCHUNK + j0 + u], vv[u], o[hh]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+                if (hh < group) {
+                    if (nch == 1)
+                        op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o[hh] / ssum[hh];
+                    else
+                        part[(size_t)hh * (d + 2) + 2 + e] = o[hh];
+                }
+            }
+        }
+        if (nch > 1 && tid < group) {
+            part[(size_t)tid * (d + 2)] = smx[tid];
+            part[(size_t)tid * (d + 2) + 1] = ssum[tid];
+        }
+        __syncthreads();
+    }
+}
+
+/* Queries whose keys span several chunks: combine the partials in chunk order. A warp per
+ * (token, head, 32 dims). */
+DEVN void op_attn_combine(const g4c_op *op, const g4c_params &p, int pos0) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, slices = (d + 31) / 32;
+    const int Mq = op->drafter ? 1 : p.M;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    int total = 0;
+    for (int m = 0; m < Mq; m++) {
+        int lo, cf, nch;
+        attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
+        if (nch > 1) total += nH * slices;
+    }
+    for (int it = gw; it < total; it += nw) {
+        int m = 0, rest = it, lo, cf, nch;
+        for (;; m++) {
+            attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
+            if (nch > 1) {
+                if (rest < nH * slices) break;
+                rest -= nH * slices;
+            }
+        }
+        const int h = rest / slices, e = (rest % slices) * 32 + lane, g = h / group, hh = h % group;
+        const float *base = op->part_buf + ((size_t)m * nkv + g) * op->max_chunks * group * (d + 2) + (size_t)hh * (d + 2);
+        const size_t stride = (size_t)group * (d + 2);
+        float mx = -INFINITY;
+#pragma unroll 8
+        for (int ci = 0; ci < nch; ci++) mx = fmaxf(mx, lda(base + ci * stride));
+        float s = 0.0f, o = 0.0f;
+        for (int c0 = 0; c0 < nch; c0 += 8) { /* loads first, then the sums in chunk order */
+            float cm[8], cs[8], ca[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float *pc = base + (size_t)(c0 + u) * stride;
+                cm[u] = c0 + u < nch ? lda(pc) : 0.0f;
+                cs[u] = c0 + u < nch ? lda(pc + 1) : 0.0f;
+                ca[u] = c0 + u < nch && e < d ? lda(pc + 2 + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (c0 + u < nch) {
+                    float w = expf(cm[u] - mx);
+                    s = s + cs[u] * w;
+                    o = o + ca[u] * w;
+                }
+            }
+        }
+        if (e < d) op->att[(size_t)m * nH * d + (size_t)h * d + e] = o / s;
+    }
+}
+
+/* per-layer inputs: ple[m][l] = (rms_w(norm)(raw[m][l] * hs) + E_ple[tok][l] * tscale) * r2, in place */
+DEVN void op_ple(const g4c_op *op, const g4c_params &p) {
+    const int L = op->L, P = op->P, M = p.M;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    for (int it = gw; it < M * L; it += nw) {
+        const int m = it / L, l = it % L, tok = ldi(&p.ctl->tokens[m]);
+        float *pl = op->out + (size_t)m * op->out_ld + (size_t)l * P;
+        float a[16];
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int i = lane + 32 * k;
+            a[k] = 0.0f;
+            if (i < P) {
+                a[k] = lda(pl + i) * op->scale;
+                ss += (double)a[k] * a[k];
+            }
+        }
+        float inv = rms_inv(warp_sum_d(ss), P, p.eps);
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int i = lane + 32 * k;
+            if (i < P) {
+                float y = a[k] * inv * ldv(op->vec + i);
+                pl[i] = (y + mat_at(op->table, tok, l * P + i) * op->scale3) * op->scale2;
+            }
+        }
+    }
+}
+
+/* MoE router (a thread per token: E and top-k are small) and the experts' input x2 */
+DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int E = op->E, K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
+    for (int m = blockIdx.x; m < M; m += gridDim.x) {
+        if (tid == 0) {
+            float *pr = sm;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int e = 0; e < E; e++) {
+                pr[e] = lda(op->router_logits + (size_t)m * E + e);
+                mx = pr[e] > mx ? pr[e] : mx;
+            }
+            for (int e = 0; e < E; e++) sum += (pr[e] = expf(pr[e] - mx));
+            for (int e = 0; e < E; e++) pr[e] /= sum;
+            int *top = op->top_e + (size_t)m * K;
+            float *tw = op->top_w + (size_t)m * K, tsum = 0.0f;
+            int chosen[64];
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < k && !taken; q++) taken = chosen[q] == e;
+                    if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+                }
+                chosen[k] = best;
+                tsum += pr[best];
+            }
+            for (int k = 0; k < K; k++) {
+                top[k] = chosen[k];
+                tw[k] = pr[chosen[k]] / tsum * ldv(op->expert_scale + chosen[k]);
+            }
+        }
+        const float *x1 = op->x1 + (size_t)m * H;
+        double ss = 0;
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            double a = lda(x1 + i);
+            ss += a * a;
+        }
+        float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+        for (int i = tid; i < H; i += G4C_THREADS) op->x2[(size_t)m * H + i] = lda(x1 + i) * inv * ldv(op->pre2_w + i);
+        __syncthreads();
+    }
+}
+
+/* The top-k experts of every token: gate/up pairs over x2 (ex_pair) or down over their output. */
+DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
+    const int K = op->topk, Im = op->Im, H = op->H, M = p.M, pair = op->ex_pair;
+    const int kin = pair ? H : Im, rpt = pair ? 1 : K; /* input length, input rows per token */
+    const int per_k = pair ? Im : (H + 1) / 2, per_tok = K * per_k;
+    const g4c_mat w = op->ew;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    int mt_cap = p.smem_in_floats / (kin * rpt);
+    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    for (int t0 = 0; t0 < M; t0 += mt_cap) {
+        const int mt = min(mt_cap, M - t0);
+        const size_t nin = (size_t)mt * rpt * kin;
+        const float *src = op->ex_in + (size_t)t0 * rpt * kin;
+        for (size_t i = threadIdx.x; i < nin; i += G4C_THREADS) sm[i] = lda(src + i);
+        __syncthreads();
+        for (int it = gw; it < mt * per_tok; it += nw) {
+            const int m = it / per_tok, rest = it % per_tok, k = rest / per_k, li = rest % per_k;
+            const int e = ldi(op->top_e + (size_t)(t0 + m) * K + k);
+            const float *x = sm + ((size_t)m * rpt + (pair ? 0 : k)) * kin;
+            const char *w0, *w1;
+            int r0 = li, has1 = 1;
+            if (pair) {
+                w0 = (const char *)w.data + ((size_t)e * 2 * Im + li) * w.row_bytes;
+                w1 = (const char *)w.data + ((size_t)e * 2 * Im + Im + li) * w.row_bytes;
+            } else {
+                r0 = 2 * li;
+                has1 = r0 + 1 < H;
+                w0 = (const char *)w.data + ((size_t)e * H + r0) * w.row_bytes;
+                w1 = has1 ? w0 + w.row_bytes : w0;
+            }
+            float acc[2][G4C_MT];
+            dot2_any(w.type, w0, w1, kin, x, kin, 1, acc);
+            if (lane == 0) {
+                const size_t mk = (size_t)(t0 + m) * K + k;
+                if (pair) {
+                    op->ex_out[mk * Im + li] = gelu_tanh(acc[0][0]) * acc[1][0];
+                } else {
+                    op->ex_out[mk * H + r0] = acc[0][0];
+                    if (has1) op->ex_out[mk * H + r0 + 1] = acc[1][0];
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* f = rms_w(post1)(dense) + rms_w(post2)(sum_k w_k expert_k), the sum in rank order */
+DEVN void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
+    float *dn = sm, *o = sm + H;
+    for (int m = blockIdx.x; m < M; m += gridDim.x) {
+        float *f = op->f + (size_t)m * H;
+        double ss = 0;
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            dn[i] = lda(f + i);
+            ss += (double)dn[i] * dn[i];
+        }
+        float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+        for (int i = tid; i < H; i += G4C_THREADS) dn[i] = dn[i] * inv * ldv(op->post1_w + i);
+        ss = 0;
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++)
+                acc = acc + lda(op->top_w + (size_t)m * K + k) * lda(op->ex_res + ((size_t)m * K + k) * H + i);
+            o[i] = acc;
+            ss += (double)acc * acc;
+        }
+        inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+        for (int i = tid; i < H; i += G4C_THREADS) f[i] = dn[i] + o[i] * inv * ldv(op->post2_w + i);
+        __syncthreads();
+    }
+}
+
+/* drafter centroid head, step 1: the top-k clusters (block 0; lower index on ties) */
+DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
+    if (blockIdx.x != 0) return;
+    const tail_t tl = tail_of(sm, p);
+    const int C = op->C, K = op->topk, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    float *cv = sm;
+    for (int i = tid; i < C; i += G4C_THREADS) {
+        cv[i] = lda(op->cent + i);
+        op->cflag[i] = 0;
+    }
+    __syncthreads();
+    for (int k = 0; k < K; k++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (int i = tid; i < C; i += G4C_THREADS)
+            if (cv[i] > -INFINITY && better(cv[i], i, bv, bi)) {
+                bv = cv[i];
+                bi = i;
+            }
+        for (int o = 16; o; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(v2, i2, bv, bi)) {
+                bv = v2;
+                bi = i2;
+            }
+        }
+        if (lane == 0) {
+            tl.bv[warp] = bv;
+            tl.bi[warp] = bi;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < G4C_WARPS; w++)
+                if (better(tl.bv[w], tl.bi[w], bv, bi)) {
+                    bv = tl.bv[w];
+                    bi = tl.bi[w];
+                }
+            if (bi == INT_MAX) bi = 0;
+            op->cidx[k] = bi;
+            op->cflag[bi] = 1;
+            cv[bi] = -INFINITY;
+        }
+        __syncthreads();
+    }
+}
+
+/* step 2: score the chosen clusters' tokens against y; min and argmax over them */
+DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int h = op->emb_d.cols, per = op->per, n = op->topk * per, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    float *logits = op->logits + (size_t)step * op->V;
+    for (int i = tid; i < h; i += G4C_THREADS) sm[i] = lda(op->y + i);
+    __syncthreads();
+    float bv[G4C_MT], mn = INFINITY;
+    int bi[G4C_MT];
+#pragma unroll
+    for (int m = 0; m < G4C_MT; m++) {
+        bv[m] = -INFINITY;
+        bi[m] = INT_MAX;
+    }
+    for (int it = gw; it < (n + 1) / 2; it += nw) {
+        const int j0 = 2 * it, j1 = j0 + 1, has1 = j1 < n;
+        const int t0 = __ldg(op->order + (size_t)ldi(op->cidx + j0 / per) * per + j0 % per);
+        const int t1 = has1 ? __ldg(op->order + (size_t)ldi(op->cidx + j1 / per) * per + j1 % per) : t0;
+        const char *w0 = (const char *)op->emb_d.data + (size_t)t0 * op->emb_d.row_bytes;
+        const char *w1 = (const char *)op->emb_d.data + (size_t)t1 * op->emb_d.row_bytes;
+        float acc[2][G4C_MT];
+        dot2_any(op->emb_d.type, w0, w1, h, sm, h, 1, acc);
+        if (lane == 0) {
+            logits[t0] = acc[0][0];
+            mn = fminf(mn, acc[0][0]);
+            if (better(acc[0][0], t0, bv[0], bi[0])) {
+                bv[0] = acc[0][0];
+                bi[0] = t0;
+            }
+            if (has1) {
+                logits[t1] = acc[1][0];
+                mn = fminf(mn, acc[1][0]);
+                if (better(acc[1][0], t1, bv[0], bi[0])) {
+                    bv[0] = acc[1][0];
+                    bi[0] = t1;
+                }
+            }
+        }
+    }
+    if (lane == 0) tl.mn[warp] = mn;
+    block_argmax_store(p, tl, bv, bi, 0, 1);
+    if (tid == 0) {
+        float m2 = INFINITY;
+        for (int w = 0; w < G4C_WARPS; w++) m2 = fminf(m2, tl.mn[w]);
+        p.amin_part[blockIdx.x] = m2;
+    }
+    finish_argmax(p, 0, 1, 2, step, 1, tl.flag);
+}
+
+/* step 3 (only when the logits are wanted): every unscored token gets min - 1 */
+DEVN void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
+    if (!p.want_logits) return;
+    const float fill = lda(&p.ctl->dmin) - 1.0f;
+    float *logits = op->logits + (size_t)step * op->V;
+    for (int t = blockIdx.x * G4C_THREADS + threadIdx.x; t < op->V; t += gridDim.x * G4C_THREADS)
+        if (!ldi(op->cflag + __ldg(op->cluster_of + t))) logits[t] = fill;
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------------ */
+
+__global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const g4c_params p) {
+    extern __shared__ __align__(16) float sm[];
+    const int pos0 = ldi(&p.ctl->pos);
+    for (int step = 0; step < p.n_steps; step++) {
+        for (int s = 0; s < p.n_ops; s++) {
+            const g4c_op *op = p.ops + s;
+            if (!(p.skip & op->cls)) {
+                switch (op->kind) {
+                case G4C_OP_EMBED: op_embed(op, p); break;
+                case G4C_OP_MATMUL: op_matmul(op, p, step, sm); break;
+                case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
+                case G4C_OP_ATTN: op_attn(op, p, pos0, sm); break;
+                case G4C_OP_ATTN_COMBINE: op_attn_combine(op, p, pos0); break;
+                case G4C_OP_PLE: op_ple(op, p); break;
+                case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
+                case G4C_OP_EXPERT: op_expert(op, p, sm); break;
+                case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
+                case G4C_OP_CENT_TOPK: op_cent_topk(op, p, sm); break;
+                case G4C_OP_CENT_SCORE: op_cent_score(op, p, step, sm); break;
+                case G4C_OP_CENT_FILL: op_cent_fill(op, p, step); break;
+                default: break;
+                }
+            }
+            if (s + 1 < p.n_ops || step + 1 < p.n_steps) grid_sync(p.ctl);
+        }
+    }
+}
+
+cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *smem_in_floats) {
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, device);
+    if (e) return e;
+    if (!prop.cooperativeLaunch) return cudaErrorNotSupported;
+    size_t smem = prop.sharedMemPerBlockOptin;
+    if (smem > 220 * 1024) smem = 220 * 1024;
+    smem &= ~(size_t)1023;
+    e = cudaFuncSetAttribute((const void *)g4c_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e) return e;
+    int per_sm = 0;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)g4c_kernel, G4C_THREADS, smem);
+    if (e) return e;
+    if (per_sm < 1) return cudaErrorInvalidConfiguration;
+    *grid = prop.multiProcessorCount * per_sm;
+    *smem_bytes = smem;
+    *smem_in_floats = (int)((smem - G4C_TAIL) / sizeof(float)) & ~3;
+    return cudaSuccess;
+}
+
+cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream) {
+    void *args[] = {(void *)p};
+    return cudaLaunchCooperativeKernel((const void *)g4c_kernel, dim3(grid), dim3(G4C_THREADS), args, smem_bytes,
+                                       stream);
+}
+
+/* ---- commit: staged rows into the caches --------------------------------------------------------- */
+
+__global__ void g4c_commit_kernel(const g4c_kvlayer *layers, int n_layers, int stage_pos, int n) {
+    const int l = blockIdx.x / n, r = blockIdx.x % n;
+    if (l >= n_layers) return;
+    const g4c_kvlayer L = layers[l];
+    /* a ring keeps only the last cap rows of the block; committing an earlier row too would race
+     * with the later one for the same slot */
+    if (r < n - L.cap) return;
+    const size_t slot = (size_t)((stage_pos + r) % L.cap);
+    for (int i = threadIdx.x; i < L.row; i += blockDim.x) {
+        L.kc[slot * L.row + i] = L.kst[(size_t)r * L.row + i];
+        L.vc[slot * L.row + i] = L.vst[(size_t)r * L.row + i];
+    }
+}
+
+cudaError_t g4c_commit(const g4c_kvlayer *layers, int n_layers, int max_row, int stage_pos, int n,
+                       cudaStream_t stream) {
+    if (n <= 0 || n_layers <= 0) return cudaSuccess;
+    int threads = max_row < 512 ? ((max_row + 31) / 32) * 32 : 512;
+    g4c_commit_kernel<<<n_layers * n, threads, 0, stream>>>(layers, n_layers, stage_pos, n);
+    return cudaGetLastError();
+}
+
+/* ---- bandwidth probe ---------------------------------------------------------------------------- */
+
+__global__ void g4c_read_kernel(const float4 *src, size_t n4, float *sink) {
+    float acc = 0.0f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n4; i += 4 * stride) {
+        float4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+               d = __ldcs(src + i + 3 * stride);
+        acc += a.x + b.y + c.z + d.w;
+    }
+    for (; i < n4; i += stride) acc += __ldcs(src + i).x;
+    if (acc == 12345.678f) sink[0] = acc; /* keeps the loads alive without a store per thread */
+}
+
+cudaError_t g4c_read_probe(const float4 *src, size_t n4, float *sink, int grid, cudaStream_t stream) {
+    g4c_read_kernel<<<grid, 512, 0, stream>>>(src, n4, sink);
+    return cudaGetLastError();
+}

@@ -1,0 +1,187 @@
+/* The CUDA backend's model program: a list of stages that one persistent kernel interprets, the
+ * same list for any number of tokens M (1 for decode, k+1 for a verify block, a prefill chunk).
+ *
+ * Every stage is executed by the whole grid, then a grid-wide barrier. A stage's work items split
+ * *output elements only*; each output element is reduced by one fixed procedure whatever M is,
+ * which block computes it, or how tokens are tiled (exactness contract, engineering.md §1):
+ *   matmul   one warp per output row; lane l owns the 16-byte chunks l, l+32, l+64, ... of the
+ *            row in ascending order (fmaf into one accumulator per token), then a fixed xor
+ *            butterfly across the 32 lanes;
+ *   norms    sum of squares in double, block-strided then a fixed tree;
+ *   attention keys split at absolute multiples of G4C_KCHUNK, chunk partials combined in chunk
+ *            order; the split depends on the query position only.
+ * Plain C structs so the host builder (session.cu) and the kernels (forward.cu) share them. */
+#ifndef G4_CUDA_PROGRAM_H
+#define G4_CUDA_PROGRAM_H
+#include <stdint.h>
+
+enum {
+    G4C_THREADS = 512,   /* threads per block (16 warps); one block per SM */
+    G4C_WARPS = G4C_THREADS / 32,
+    G4C_MT = 8,          /* tokens per matmul tile (register accumulators per warp) */
+    G4C_KCHUNK = 32,     /* attention keys per work item */
+    G4C_MAXPART = 4,     /* matrices sharing one matmul stage (q/k/v; post_proj + head) */
+    G4C_MAXGROUP = 16,   /* query heads per KV head */
+    G4C_MAXD = 512,      /* head dim */
+    G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
+};
+
+/* weight element types on the device (dense only for now) */
+enum { G4C_F32 = 0, G4C_F16 = 1, G4C_BF16 = 2 };
+
+typedef struct g4c_mat {
+    const void *data;     /* device; row r at data + r * row_bytes */
+    long long row_bytes;
+    int rows, cols;
+    int type;             /* G4C_F32 / F16 / BF16 */
+    int pad_;
+} g4c_mat;
+
+/* op kinds */
+enum {
+    G4C_OP_EMBED,        /* x0[m] = E[tok_m] * scale */
+    G4C_OP_MATMUL,       /* rows of up to G4C_MAXPART matrices over one staged input */
+    G4C_OP_HEADS,        /* q_norm + rope; k_norm + rope, weightless v norm -> staging / cache */
+    G4C_OP_ATTN,         /* softmax(q K^T) V over one chunk of visible keys */
+    G4C_OP_ATTN_COMBINE, /* chunk partials of queries with several chunks, combined in order */
+    G4C_OP_PLE,          /* per-layer inputs from the projection and the gathered table row */
+    G4C_OP_MOE_ROUTE,    /* router softmax, top-k, weights; x2 = rms_w(pre_ffn_2)(x1) */
+    G4C_OP_EXPERT,       /* top-k expert matmuls (gate/up pairs or down) */
+    G4C_OP_MOE_COMBINE,  /* f = rms_w(post1)(dense) + rms_w(post2)(sum_k w_k expert_k) */
+    G4C_OP_CENT_TOPK,    /* drafter centroid head: top-k clusters */
+    G4C_OP_CENT_SCORE,   /* drafter centroid head: score the chosen clusters' tokens, argmax */
+    G4C_OP_CENT_FILL,    /* drafter centroid head: every other token gets min - 1 */
+};
+
+/* classes for the timing breakdown (bit mask of classes to skip) */
+enum { G4C_CLS_MATMUL = 1, G4C_CLS_ATTN = 2, G4C_CLS_HEAD = 4, G4C_CLS_OTHER = 8 };
+
+/* how a matmul's input rows reach shared memory */
+enum {
+    G4C_IN_PLAIN,   /* rows of x as they are */
+    G4C_IN_NORM,    /* v = x (+ rms_w(t_w)(t)) (* scalar); optional writes; then a norm */
+    G4C_IN_CONCAT,  /* drafter: [E_target[tok] * emb_scale, hid] */
+};
+enum { G4C_NORM_NONE, G4C_NORM_RMS, G4C_NORM_ROUTER };
+
+enum { G4C_EPI_STORE, G4C_EPI_SOFTCAP, G4C_EPI_GELU_PAIR, G4C_EPI_PLE_GATE };
+
+typedef struct g4c_part {
+    g4c_mat w;
+    float *y;             /* y[m * ldy + r] (+ step * y_step) */
+    int ldy, y_step;
+    float *y2;            /* optional second copy (drafter hidden history) */
+    int y2_step;
+    int argmax;           /* 1: argmax per token -> ctl->next (and the decode chain);
+                             2: drafter argmax -> ctl->drafts[step] */
+} g4c_part;
+
+typedef struct g4c_in {
+    int kind, norm;
+    const float *x;       /* [m][ldx] */
+    int ldx;
+    const float *t, *t_w; /* residual addend and its norm weight (t NULL: none) */
+    int has_scalar;
+    float scalar;
+    float *x_out;         /* block 0 writes v (the updated residual stream) [m][H] */
+    float *dbg;           /* block 0 also writes v here when not NULL */
+    const float *norm_w;
+    float norm_scale;     /* G4C_NORM_ROUTER: H^-1/2 */
+    float *normed_out;    /* block 0 writes the normed rows here when not NULL */
+    int normed_step;      /* floats per draft step */
+    /* G4C_IN_CONCAT */
+    g4c_mat emb;
+    float emb_scale;
+    const float *hid;
+} g4c_in;
+
+typedef struct g4c_op {
+    int kind, cls;
+    int lm;               /* tokens [lm_from, M) only; no rows when the launch wants no logits */
+    /* matmul */
+    g4c_in in;
+    int nparts;
+    g4c_part part[G4C_MAXPART];
+    int epi;
+    float cap;
+    const float *ple;     /* G4C_EPI_PLE_GATE multiplier: ple[m * ple_ld + r] */
+    int ple_ld;
+    /* embed / ple */
+    g4c_mat table;
+    float scale, scale2, scale3;
+    float *out;
+    int out_ld;
+    const float *src;
+    const float *vec;     /* norm weights (PLE projection norm) */
+    int L, P;
+    /* heads + attention */
+    int n_heads, n_kv, d, is_full, window, pairs, qkv_own, k_eq_v, cap_rows;
+    int drafter;          /* query position is params.qpos; every key comes from the cache */
+    float theta;
+    float *q;             /* [m][n_heads * d] */
+    const float *kraw, *vraw;  /* [m][n_kv * d] */
+    const float *q_norm, *k_norm;
+    float *kst, *vst;     /* staging [max_batch][n_kv * d] */
+    float *kc, *vc;       /* cache [cap_rows][n_kv * d] */
+    float *att;           /* [m][n_heads * d] */
+    float *part_buf;      /* attention chunk partials [m][n_kv][max_chunks][group][2 + d] */
+    int max_chunks;
+    /* MoE */
+    int E, topk, Im, H;
+    const float *router_logits;
+    const float *expert_scale, *pre2_w, *post1_w, *post2_w;
+    int *top_e;
+    float *top_w;
+    float *x2;            /* [m][H] */
+    const float *x1;
+    int ex_pair;          /* 1: gate/up pairs over x2; 0: down over the pairs' output */
+    g4c_mat ew;
+    const float *ex_in;
+    float *ex_out;
+    const float *ex_res;
+    float *f;
+    /* centroid head */
+    int C, per, V;
+    const float *cent;
+    int *cidx;
+    int *cflag;           /* [C] 1: cluster chosen this step */
+    const int *order, *cluster_of;
+    const float *y;
+    g4c_mat emb_d;
+    float *logits;        /* + step * V */
+} g4c_op;
+
+/* device-side control block: what the host sets before a launch and the kernel's results */
+enum { G4C_MAXB = 512, G4C_MAXSTEPS = 16 };
+typedef struct g4c_ctl {
+    int pos;              /* position of token 0 */
+    int tokens[G4C_MAXB]; /* input ids */
+    int next[G4C_MAXB];   /* argmax of each token's logits (softcapped) */
+    int drafts[G4C_MAXSTEPS];
+    int dtok0;            /* the drafter's first input token */
+    float dmin;           /* centroid head: min of the scored logits */
+    int hist_n;           /* chained decode: tokens appended to hist */
+    int done_count;       /* last-block-done counter for argmax/min combines */
+    int pad_;
+    unsigned long long bar; /* grid barrier: arrivals so far (monotonic across launches) */
+} g4c_ctl;
+
+/* launch parameters */
+typedef struct g4c_params {
+    const g4c_op *ops;
+    int n_ops;
+    int M, lm_from, want_logits;
+    int direct;           /* M == 1: K/V straight into the cache */
+    int qpos;             /* drafter: query position */
+    int n_steps;          /* drafter: chained steps */
+    int chain;            /* decode chain: tokens[0] = next[0], pos += 1, hist[hist_n++] = token */
+    int *hist;
+    int skip;             /* G4C_CLS_* mask of op classes to skip (timing breakdown) */
+    g4c_ctl *ctl;
+    float *amax_part;     /* [grid][G4C_MAXB] value */
+    int *amax_idx;        /* [grid][G4C_MAXB] index */
+    float *amin_part;     /* [grid] */
+    int smem_in_floats;   /* shared floats for the input tile */
+    float eps;            /* RMSNorm epsilon */
+} g4c_params;
+#endif

@@ -1,0 +1,1131 @@
+/* The CUDA backend's host side: device probe, weight upload (once, in the kernels' layout), the
+ * stage lists of the target model and of a drafter (program.h), launches, commit, drafting and
+ * the decode chain the benchmark times.
+ *
+ * The target's stage list per layer (folds of the residual stream happen in the next stage's
+ * input loader, so no stage exists only to add a residual):
+ *   qkv      q (and k, v on layers with their own cache) from rms_w(attn_norm)(x)
+ *   heads    q_norm + RoPE; k_norm + RoPE, weightless v norm -> staging (or the cache: direct)
+ *   attn     chunks of keys -> att, or partials for queries with several chunks
+ *   combine  partials -> att
+ *   o_proj   att · Woᵀ -> t
+ *   gate/up  x1 = x + rms_w(post_attn)(t);  gelu(g) ⊙ u of rms_w(pre_ffn)(x1) -> h
+ *   down     h · Wdownᵀ -> f                                  (MoE: router, route, experts, combine)
+ *   ple gate x2 = x1 + rms_w(post_ffn)(f);  gelu(x2 · Wgᵀ) ⊙ ple[l] -> pg   (PLE models)
+ *   ple proj pg · Wpᵀ -> t
+ * and the next layer's qkv loader folds (x2 + rms_w(post_ple)(t)) · layer_scalar (without PLE:
+ * (x1 + rms_w(post_ffn)(f)) · layer_scalar). The LM head stage folds the last layer, applies the
+ * final norm (kept as the drafter's hidden), the tied head, the softcap and the argmax. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+extern "C" {
+#include "model/drafter.h"
+#include "model/model.h"
+#include "util/error.h"
+}
+#include "cuda/cuda.h"
+#include "cuda/internal.h"
+
+static g4_status cuda_fail(g4_error *err, cudaError_t e, const char *what) {
+    g4_status code = e == cudaErrorMemoryAllocation ? G4_ERR_NOMEM : G4_ERR_IO;
+    return g4_fail(err, code, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+#define CK(call, what)                                                                                                 \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) return cuda_fail(err, e_, what);                                                        \
+    } while (0)
+
+/* ---- a bump allocator over one device allocation, run twice: sizes first, then addresses ---- */
+
+typedef struct {
+    char *base;
+    size_t used;
+    int dry;
+} bump;
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void *bump_take(bump *b, size_t bytes) {
+    size_t off = b->used;
+    b->used += align256(bytes ? bytes : 1);
+    return b->dry ? NULL : b->base + off;
+}
+#define TAKE(b, T, n) ((T *)bump_take((b), sizeof(T) * (size_t)(n)))
+
+/* ---- device weights ------------------------------------------------------------------------------ */
+
+typedef struct {
+    g4c_mat wq, wk, wv, wo, gate, up, down, router, ex_gu, ex_down, ple_gate, ple_proj;
+    const float *attn_norm, *post_attn, *pre_ffn, *post_ffn, *q_norm, *k_norm, *router_scale, *expert_scale,
+        *pre2, *post1, *post2, *post_ple;
+    float layer_scalar;
+} dev_layer;
+
+typedef struct {
+    g4c_mat wq, wo, gate, up, down;
+    const float *attn_norm, *post_attn, *pre_ffn, *post_ffn, *q_norm;
+    float layer_scalar;
+} dev_dlayer;
+
+typedef struct {
+    float *kc, *vc, *kst, *vst;
+    int cap, row;
+} dev_kv;
+
+struct g4_cuda {
+    const g4_model *m;
+    int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row;
+    size_t smem;
+    cudaStream_t stream;
+    cudaEvent_t ev0, ev1;
+    char *wmem, *amem;
+    size_t wbytes, abytes;
+    g4c_ctl *ctl, *h_ctl;
+    float *amax_part, *amin_part;
+    int *amax_idx, *hist;
+    /* activations [max_batch][...] */
+    float *x0, *xa, *xb, *q, *kraw, *vraw, *att, *t, *hb, *f, *ple, *pg, *logits, *hfinal, *part_buf, *dbg;
+    float *router, *top_w, *x2, *exh, *exo;
+    int *top_e;
+    std::vector<dev_kv> kv;
+    g4c_kvlayer *d_kvl;
+    int n_kvl;
+    /* weights */
+    g4c_mat embed, ple_embed, ple_proj;
+    const float *final_norm, *ple_norm;
+    std::vector<dev_layer> lw;
+    std::vector<g4c_op> ops;
+    g4c_op *d_ops;
+    /* drafter */
+    const g4_drafter *dr;
+    char *dwmem, *damem;
+    std::vector<dev_dlayer> dlw;
+    g4c_mat d_pre, d_post, d_emb, d_cent_w;
+    const float *d_final_norm;
+    std::vector<g4c_op> dops;
+    g4c_op *d_dops;
+    float *d_part, *d_hid, *d_hcarry, *d_hhist, *d_dlogits, *d_x, *d_xa, *d_xb, *d_q, *d_att, *d_t, *d_hb, *d_f, *d_y, *d_cent;
+    int *d_cidx, *d_cflag, *d_order, *d_cluster;
+    float d_eps;
+};
+
+static g4_status upload(bump *b, const void *host, size_t bytes, const void **dev, g4_error *err) {
+    void *d = bump_take(b, bytes);
+    *dev = d;
+    if (!b->dry && bytes) CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "uploading weights");
+    return G4_OK;
+}
+
+static g4_status up_vec(bump *b, const float *v, int n, const float **out, g4_error *err) {
+    if (!v) {
+        *out = NULL;
+        return G4_OK;
+    }
+    return upload(b, v, sizeof(float) * (size_t)n, (const void **)out, err);
+}
+
+static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!m->data || m->rows == 0) return G4_OK;
+    int t = m->type == G4_W_F32 ? G4C_F32 : m->type == G4_W_F16 ? G4C_F16 : m->type == G4_W_BF16 ? G4C_BF16 : -1;
+    if (t < 0)
+        return g4_fail(err, G4_ERR_UNSUPPORTED,
+                       "CUDA backend: %s is stored as %s; the GPU runs F32, F16 and BF16 weights so far", what,
+                       g4_wtype_name(m->type));
+    if (m->in_act_scale != 0 || m->out_act_scale != 0)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s needs activation fake-quantisation (QAT)", what);
+    int per = t == G4C_F32 ? 4 : 8;
+    if (m->cols % per)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d columns, not a multiple of %d", what, m->cols,
+                       per);
+    out->type = t;
+    out->rows = m->rows;
+    out->cols = m->cols;
+    out->row_bytes = (long long)m->row_bytes;
+    return upload(b, m->data, m->row_bytes * (size_t)m->rows, &out->data, err);
+}
+
+static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
+    const g4_model *m = c->m;
+    const g4_config *cf = &m->cfg;
+    int H = cf->hidden, L = cf->n_layers;
+    g4_status st;
+    char what[96];
+    if ((st = up_mat(b, &m->embed, "embed_tokens", &c->embed, err)) || (st = up_vec(b, m->final_norm, H, &c->final_norm, err)))
+        return st;
+    if (cf->ple_width) {
+        if ((st = up_mat(b, &m->ple_embed, "embed_tokens_per_layer", &c->ple_embed, err)) ||
+            (st = up_mat(b, &m->ple_model_proj, "per_layer_model_projection", &c->ple_proj, err)) ||
+            (st = up_vec(b, m->ple_proj_norm, cf->ple_width, &c->ple_norm, err)))
+            return st;
+    }
+    c->lw.assign((size_t)L, dev_layer());
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *lc = &cf->layers[i];
+        const g4_layer_weights *w = &m->layers[i];
+        dev_layer *o = &c->lw[(size_t)i];
+        memset(o, 0, sizeof *o);
+        int own = lc->kv_source == i;
+#define MAT(f, name) (snprintf(what, sizeof what, "layers.%d.%s", i, name), up_mat(b, &w->f, what, &o->f, err))
+        if ((st = MAT(wq, "q_proj")) || (st = MAT(wo, "o_proj")) || (st = MAT(gate, "gate_proj")) ||
+            (st = MAT(up, "up_proj")) || (st = MAT(down, "down_proj")))
+            return st;
+        if (own && ((st = MAT(wk, "k_proj")) || (!lc->k_eq_v && (st = MAT(wv, "v_proj"))))) return st;
+        if (cf->moe && ((st = MAT(router, "router.proj")) || (st = up_mat(b, &w->experts_gate_up, "experts.gate_up_proj", &o->ex_gu, err)) ||
+                        (st = up_mat(b, &w->experts_down, "experts.down_proj", &o->ex_down, err))))
+            return st;
+        if (cf->ple_width && ((st = MAT(ple_gate, "per_layer_input_gate")) || (st = MAT(ple_proj, "per_layer_projection"))))
+            return st;
+#undef MAT
+        int d = lc->head_dim;
+        if ((st = up_vec(b, w->attn_norm, H, &o->attn_norm, err)) || (st = up_vec(b, w->post_attn_norm, H, &o->post_attn, err)) ||
+            (st = up_vec(b, w->pre_ffn_norm, H, &o->pre_ffn, err)) || (st = up_vec(b, w->post_ffn_norm, H, &o->post_ffn, err)) ||
+            (st = up_vec(b, w->q_norm, d, &o->q_norm, err)) || (own && (st = up_vec(b, w->k_norm, d, &o->k_norm, err))))
+            return st;
+        if (cf->moe && ((st = up_vec(b, w->router_scale, H, &o->router_scale, err)) ||
+                        (st = up_vec(b, w->expert_scale, cf->n_experts, &o->expert_scale, err)) ||
+                        (st = up_vec(b, w->pre_ffn_norm2, H, &o->pre2, err)) || (st = up_vec(b, w->post_ffn_norm1, H, &o->post1, err)) ||
+                        (st = up_vec(b, w->post_ffn_norm2, H, &o->post2, err))))
+            return st;
+        if (cf->ple_width && (st = up_vec(b, w->post_ple_norm, H, &o->post_ple, err))) return st;
+        o->layer_scalar = w->layer_scalar;
+    }
+    return G4_OK;
+}
+
+/* ---- activations and caches ------------------------------------------------------------------------ */
+
+static void layout_scratch(g4_cuda *c, bump *b) {
+    const g4_config *cf = &c->m->cfg;
+    int B = c->max_batch, H = cf->hidden, L = cf->n_layers, nH = cf->n_heads, V = cf->vocab, P = cf->ple_width;
+    int maxd = 0, maxkv = 0, maxI = 0, maxnkv = 0, maxgroup = 0;
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *l = &cf->layers[i];
+        maxd = l->head_dim > maxd ? l->head_dim : maxd;
+        maxkv = l->n_kv_heads * l->head_dim > maxkv ? l->n_kv_heads * l->head_dim : maxkv;
+        maxI = l->mlp_width > maxI ? l->mlp_width : maxI;
+        maxnkv = l->n_kv_heads > maxnkv ? l->n_kv_heads : maxnkv;
+        maxgroup = nH / l->n_kv_heads > maxgroup ? nH / l->n_kv_heads : maxgroup;
+    }
+    c->max_chunks = c->n_ctx / G4C_KCHUNK + 2;
+    c->ctl = TAKE(b, g4c_ctl, 1);
+    c->amax_part = TAKE(b, float, (size_t)c->grid * G4C_MAXB);
+    c->amax_idx = TAKE(b, int, (size_t)c->grid * G4C_MAXB);
+    c->amin_part = TAKE(b, float, c->grid);
+    c->hist = TAKE(b, int, c->n_ctx + 1);
+    c->x0 = TAKE(b, float, (size_t)B * H);
+    c->xa = TAKE(b, float, (size_t)B * H);
+    c->xb = TAKE(b, float, (size_t)B * H);
+    c->t = TAKE(b, float, (size_t)B * H);
+    c->f = TAKE(b, float, (size_t)B * H);
+    c->hfinal = TAKE(b, float, (size_t)B * H);
+    c->q = TAKE(b, float, (size_t)B * nH * maxd);
+    c->att = TAKE(b, float, (size_t)B * nH * maxd);
+    c->kraw = TAKE(b, float, (size_t)B * maxkv);
+    c->vraw = TAKE(b, float, (size_t)B * maxkv);
+    c->hb = TAKE(b, float, (size_t)B * maxI);
+    c->logits = TAKE(b, float, (size_t)B * V);
+    c->part_buf = TAKE(b, float, (size_t)B * maxnkv * c->max_chunks * maxgroup * (maxd + 2));
+    c->ple = P ? TAKE(b, float, (size_t)B * L * P) : NULL;
+    c->pg = P ? TAKE(b, float, (size_t)B * P) : NULL;
+    if (cf->moe) {
+        int E = cf->n_experts, K = cf->top_k_experts, Im = cf->moe_width;
+        c->router = TAKE(b, float, (size_t)B * E);
+        c->top_e = TAKE(b, int, (size_t)B * K);
+        c->top_w = TAKE(b, float, (size_t)B * K);
+        c->x2 = TAKE(b, float, (size_t)B * H);
+        c->exh = TAKE(b, float, (size_t)B * K * Im);
+        c->exo = TAKE(b, float, (size_t)B * K * H);
+    }
+    c->kv.assign((size_t)L, dev_kv());
+    c->max_row = 0;
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *l = &cf->layers[i];
+        dev_kv *k = &c->kv[(size_t)i];
+        memset(k, 0, sizeof *k);
+        if (l->kv_source != i) continue;
+        k->row = l->n_kv_heads * l->head_dim;
+        k->cap = l->is_full ? c->n_ctx : (cf->sliding_window < c->n_ctx ? cf->sliding_window : c->n_ctx);
+        k->kc = TAKE(b, float, (size_t)k->cap * k->row);
+        k->vc = TAKE(b, float, (size_t)k->cap * k->row);
+        k->kst = TAKE(b, float, (size_t)B * k->row);
+        k->vst = TAKE(b, float, (size_t)B * k->row);
+        c->max_row = k->row > c->max_row ? k->row : c->max_row;
+    }
+    c->d_kvl = TAKE(b, g4c_kvlayer, L);
+}
+
+/* ---- the target's stage list ------------------------------------------------------------------- */
+
+static g4c_op op_new(int kind, int cls) {
+    g4c_op o;
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    o.cls = cls;
+    return o;
+}
+
+static g4c_part part_of(const g4c_mat &w, float *y, int ldy) {
+    g4c_part p;
+    memset(&p, 0, sizeof p);
+    p.w = w;
+    p.y = y;
+    p.ldy = ldy;
+    return p;
+}
+
+/* residual stream bookkeeping: the current x buffer and the pending (t, norm, scalar) fold */
+typedef struct {
+    const float *cur;
+    float *buf[2];
+    int next;
+    const float *t, *t_w;
+    int has_scalar;
+    float scalar;
+} stream_t;
+
+/* input spec folding the pending update into the stream (written to a fresh buffer) */
+static g4c_in fold_in(stream_t *s, int H, int norm, const float *norm_w) {
+    g4c_in in;
+    memset(&in, 0, sizeof in);
+    in.kind = G4C_IN_NORM;
+    in.x = s->cur;
+    in.ldx = H;
+    in.t = s->t;
+    in.t_w = s->t_w;
+    in.has_scalar = s->has_scalar;
+    in.scalar = s->scalar;
+    in.norm = norm;
+    in.norm_w = norm_w;
+    if (s->t || s->has_scalar) {
+        in.x_out = s->buf[s->next];
+        s->cur = s->buf[s->next];
+        s->next ^= 1;
+    }
+    s->t = s->t_w = NULL;
+    s->has_scalar = 0;
+    return in;
+}
+
+static g4c_in plain_in(const float *x, int ldx) {
+    g4c_in in;
+    memset(&in, 0, sizeof in);
+    in.kind = G4C_IN_PLAIN;
+    in.x = x;
+    in.ldx = ldx;
+    return in;
+}
+
+static void attn_ops(std::vector<g4c_op> &ops, const g4c_op &base) {
+    g4c_op a = base;
+    a.kind = G4C_OP_ATTN;
+    a.cls = G4C_CLS_ATTN;
+    ops.push_back(a);
+    a.kind = G4C_OP_ATTN_COMBINE;
+    ops.push_back(a);
+}
+
+static void build_target(g4_cuda *c) {
+    const g4_model *m = c->m;
+    const g4_config *cf = &m->cfg;
+    const int H = cf->hidden, L = cf->n_layers, nH = cf->n_heads, P = cf->ple_width, V = cf->vocab, B = c->max_batch;
+    std::vector<g4c_op> &ops = c->ops;
+    ops.clear();
+    g4c_op o = op_new(G4C_OP_EMBED, G4C_CLS_OTHER);
+    o.table = c->embed;
+    o.scale = m->embed_scale;
+    o.out = c->x0;
+    o.out_ld = H;
+    ops.push_back(o);
+    if (P) {
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = plain_in(c->x0, H);
+        o.nparts = 1;
+        o.part[0] = part_of(c->ple_proj, c->ple, L * P);
+        ops.push_back(o);
+        o = op_new(G4C_OP_PLE, G4C_CLS_OTHER);
+        o.table = c->ple_embed;
+        o.scale = 1.0f / sqrtf((float)H);
+        o.scale2 = 1.0f / sqrtf(2.0f);
+        o.scale3 = m->ple_embed_scale;
+        o.vec = c->ple_norm;
+        o.out = c->ple;
+        o.out_ld = L * P;
+        o.L = L;
+        o.P = P;
+        ops.push_back(o);
+    }
+    stream_t s;
+    memset(&s, 0, sizeof s);
+    s.cur = c->x0;
+    s.buf[0] = c->xa;
+    s.buf[1] = c->xb;
+    for (int l = 0; l < L; l++) {
+        const g4_layer_config *lc = &cf->layers[l];
+        const dev_layer *w = &c->lw[(size_t)l];
+        const int d = lc->head_dim, nkv = lc->n_kv_heads, own = lc->kv_source == l, I = lc->mlp_width;
+        const dev_kv *kvo = &c->kv[(size_t)l], *kvs = &c->kv[(size_t)lc->kv_source];
+        /* q, k, v */
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = fold_in(&s, H, G4C_NORM_RMS, w->attn_norm);
+        if (c->dbg && l > 0) o.in.dbg = c->dbg + (size_t)(l - 1) * B * H;
+        o.nparts = 1;
+        o.part[0] = part_of(w->wq, c->q, nH * d);
+        if (own) {
+            o.part[o.nparts++] = part_of(w->wk, c->kraw, nkv * d);
+            if (!lc->k_eq_v) o.part[o.nparts++] = part_of(w->wv, c->vraw, nkv * d);
+        }
+        ops.push_back(o);
+        /* heads */
+        g4c_op hd = op_new(G4C_OP_HEADS, G4C_CLS_OTHER);
+        hd.n_heads = nH;
+        hd.n_kv = nkv;
+        hd.d = d;
+        hd.pairs = lc->rope_pairs;
+        hd.theta = lc->rope_theta;
+        hd.qkv_own = own;
+        hd.k_eq_v = lc->k_eq_v;
+        hd.q = c->q;
+        hd.kraw = c->kraw;
+        hd.vraw = c->vraw;
+        hd.q_norm = w->q_norm;
+        hd.k_norm = w->k_norm;
+        hd.kst = kvo->kst;
+        hd.vst = kvo->vst;
+        hd.kc = kvo->kc;
+        hd.vc = kvo->vc;
+        hd.cap_rows = kvo->cap;
+        ops.push_back(hd);
+        /* attention over the source layer's cache */
+        g4c_op at = op_new(G4C_OP_ATTN, G4C_CLS_ATTN);
+        at.n_heads = nH;
+        at.n_kv = nkv;
+        at.d = d;
+        at.is_full = lc->is_full;
+        at.window = cf->sliding_window;
+        at.q = c->q;
+        at.kst = kvs->kst;
+        at.vst = kvs->vst;
+        at.kc = kvs->kc;
+        at.vc = kvs->vc;
+        at.cap_rows = kvs->cap;
+        at.att = c->att;
+        at.part_buf = c->part_buf;
+        at.max_chunks = c->max_chunks;
+        attn_ops(ops, at);
+        /* o_proj */
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = plain_in(c->att, nH * d);
+        o.nparts = 1;
+        o.part[0] = part_of(w->wo, c->t, H);
+        ops.push_back(o);
+        /* x1 = x + rms_w(post_attn)(t); gelu(g) ⊙ u */
+        s.t = c->t;
+        s.t_w = w->post_attn;
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = fold_in(&s, H, G4C_NORM_RMS, w->pre_ffn);
+        o.epi = G4C_EPI_GELU_PAIR;
+        o.nparts = 2;
+        o.part[0] = part_of(w->gate, c->hb, I);
+        o.part[1] = part_of(w->up, c->hb, I);
+        ops.push_back(o);
+        /* down */
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = plain_in(c->hb, I);
+        o.nparts = 1;
+        o.part[0] = part_of(w->down, c->f, H);
+        ops.push_back(o);
+        if (cf->moe) {
+            const int E = cf->n_experts, K = cf->top_k_experts, Im = cf->moe_width;
+            o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+            o.in = plain_in(s.cur, H);
+            o.in.kind = G4C_IN_NORM;
+            o.in.norm = G4C_NORM_ROUTER;
+            o.in.norm_w = w->router_scale;
+            o.in.norm_scale = 1.0f / sqrtf((float)H);
+            o.nparts = 1;
+            o.part[0] = part_of(w->router, c->router, E);
+            ops.push_back(o);
+            g4c_op r = op_new(G4C_OP_MOE_ROUTE, G4C_CLS_OTHER);
+            r.E = E;
+            r.topk = K;
+            r.H = H;
+            r.Im = Im;
+            r.router_logits = c->router;
+            r.expert_scale = w->expert_scale;
+            r.pre2_w = w->pre2;
+            r.top_e = c->top_e;
+            r.top_w = c->top_w;
+            r.x2 = c->x2;
+            r.x1 = s.cur;
+            ops.push_back(r);
+            g4c_op e = r;
+            e.kind = G4C_OP_EXPERT;
+            e.cls = G4C_CLS_MATMUL;
+            e.ex_pair = 1;
+            e.ew = w->ex_gu;
+            e.ex_in = c->x2;
+            e.ex_out = c->exh;
+            ops.push_back(e);
+            e.ex_pair = 0;
+            e.ew = w->ex_down;
+            e.ex_in = c->exh;
+            e.ex_out = c->exo;
+            ops.push_back(e);
+            g4c_op cb = r;
+            cb.kind = G4C_OP_MOE_COMBINE;
+            cb.f = c->f;
+            cb.ex_res = c->exo;
+            cb.post1_w = w->post1;
+            cb.post2_w = w->post2;
+            ops.push_back(cb);
+        }
+        s.t = c->f;
+        s.t_w = w->post_ffn;
+        if (P) {
+            /* x2 = x1 + rms_w(post_ffn)(f); gelu(x2 · gateᵀ) ⊙ ple[l]; · projᵀ */
+            o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+            o.in = fold_in(&s, H, G4C_NORM_NONE, NULL);
+            o.epi = G4C_EPI_PLE_GATE;
+            o.ple = c->ple + (size_t)l * P;
+            o.ple_ld = L * P;
+            o.nparts = 1;
+            o.part[0] = part_of(w->ple_gate, c->pg, P);
+            ops.push_back(o);
+            o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+            o.in = plain_in(c->pg, P);
+            o.nparts = 1;
+            o.part[0] = part_of(w->ple_proj, c->t, H);
+            ops.push_back(o);
+            s.t = c->t;
+            s.t_w = w->post_ple;
+        }
+        s.has_scalar = 1;
+        s.scalar = w->layer_scalar;
+    }
+    /* final norm, tied head, softcap, argmax */
+    o = op_new(G4C_OP_MATMUL, G4C_CLS_HEAD);
+    o.lm = 1;
+    o.in = fold_in(&s, H, G4C_NORM_RMS, c->final_norm);
+    o.in.x_out = NULL;
+    if (c->dbg) o.in.dbg = c->dbg + (size_t)(L - 1) * B * H;
+    o.in.normed_out = c->hfinal;
+    o.epi = cf->final_softcap > 0 ? G4C_EPI_SOFTCAP : G4C_EPI_STORE;
+    o.cap = cf->final_softcap;
+    o.nparts = 1;
+    o.part[0] = part_of(c->embed, c->logits, V);
+    o.part[0].argmax = 1;
+    ops.push_back(o);
+}
+
+static g4_status push_ops(std::vector<g4c_op> &ops, g4c_op **dev, g4_error *err) {
+    if (*dev) cudaFree(*dev);
+    *dev = NULL;
+    CK(cudaMalloc((void **)dev, sizeof(g4c_op) * ops.size()), "allocating the stage list");
+    CK(cudaMemcpy(*dev, ops.data(), sizeof(g4c_op) * ops.size(), cudaMemcpyHostToDevice), "uploading the stage list");
+    return G4_OK;
+}
+
+/* ---- probe, create, free ------------------------------------------------------------------------ */
+
+extern "C" g4_status g4_cuda_probe(char *desc, size_t desc_len, g4_error *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "no CUDA device/driver: %s", cudaGetErrorString(e));
+    }
+    if (n == 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "no CUDA device/driver: no device found");
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, 0)) != cudaSuccess)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "no CUDA device/driver: %s", cudaGetErrorString(e));
+    if (prop.major != 9 || prop.minor != 0)
+        return g4_fail(err, G4_ERR_UNSUPPORTED,
+                       "no CUDA device/driver: %s is compute capability %d.%d; this build has kernels for sm_90a only",
+                       prop.name, prop.major, prop.minor);
+    if (desc && desc_len)
+        snprintf(desc, desc_len, "%s (%d SMs, %.0f GiB)", prop.name, prop.multiProcessorCount,
+                 (double)prop.totalGlobalMem / (1u << 30));
+    return G4_OK;
+}
+
+static g4_status alloc_scratch(g4_cuda *c, g4_error *err) {
+    bump b = {NULL, 0, 1};
+    layout_scratch(c, &b);
+    c->abytes = b.used;
+    CK(cudaMalloc((void **)&c->amem, c->abytes), "allocating the KV cache and scratch");
+    CK(cudaMemset(c->amem, 0, c->abytes), "clearing scratch");
+    b = (bump){c->amem, 0, 0};
+    layout_scratch(c, &b);
+    std::vector<g4c_kvlayer> kvl;
+    for (size_t i = 0; i < c->kv.size(); i++)
+        if (c->kv[i].kc) {
+            g4c_kvlayer k = {c->kv[i].kst, c->kv[i].vst, c->kv[i].kc, c->kv[i].vc, c->kv[i].row, c->kv[i].cap};
+            kvl.push_back(k);
+        }
+    c->n_kvl = (int)kvl.size();
+    if (c->n_kvl)
+        CK(cudaMemcpy(c->d_kvl, kvl.data(), sizeof(g4c_kvlayer) * kvl.size(), cudaMemcpyHostToDevice), "uploading the cache table");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch, g4_cuda **out, g4_error *err) {
+    *out = NULL;
+    g4_status st = g4_cuda_probe(NULL, 0, err);
+    if (st) return st;
+    if (max_batch < 1 || max_batch > G4C_MAXB)
+        return g4_fail(err, G4_ERR_ARG, "CUDA backend: max_batch %d outside 1..%d", max_batch, G4C_MAXB);
+    const g4_config *cf = &m->cfg;
+    for (int i = 0; i < cf->n_layers; i++) {
+        const g4_layer_config *l = &cf->layers[i];
+        if (l->head_dim > G4C_MAXD || l->head_dim % 4 || cf->n_heads % l->n_kv_heads || cf->n_heads / l->n_kv_heads > G4C_MAXGROUP)
+            return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: layer %d's heads (d %d, %d query / %d KV) are not supported",
+                           i, l->head_dim, cf->n_heads, l->n_kv_heads);
+    }
+    if (cf->ple_width > 512 || (cf->moe && cf->top_k_experts > 64))
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: PLE width or top-k experts too large");
+    g4_cuda *c = new (std::nothrow) g4_cuda();
+    if (!c) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    c->m = m;
+    c->n_ctx = n_ctx;
+    c->max_batch = max_batch;
+    {
+        cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
+        if (e) {
+            st = cuda_fail(err, e, "sizing the persistent kernel");
+            goto fail;
+        }
+    }
+    {
+        /* every stage's input row must fit the shared-memory tile */
+        int need = cf->hidden;
+        for (int i = 0; i < cf->n_layers; i++) {
+            int nq = cf->n_heads * cf->layers[i].head_dim, I = cf->layers[i].mlp_width;
+            need = nq > need ? nq : need;
+            need = I > need ? I : need;
+        }
+        if (cf->moe && cf->top_k_experts * cf->moe_width > need) need = cf->top_k_experts * cf->moe_width;
+        if (need > c->smem_in) {
+            st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: an input row of %d floats exceeds shared memory (%d)", need,
+                         c->smem_in);
+            goto fail;
+        }
+    }
+    if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) {
+        st = cuda_fail(err, cudaGetLastError(), "creating a stream");
+        goto fail;
+    }
+    if (cudaEventCreate(&c->ev0) || cudaEventCreate(&c->ev1)) {
+        st = cuda_fail(err, cudaGetLastError(), "creating events");
+        goto fail;
+    }
+    if (cudaMallocHost((void **)&c->h_ctl, sizeof(g4c_ctl))) {
+        st = cuda_fail(err, cudaGetLastError(), "allocating pinned memory");
+        goto fail;
+    }
+    memset(c->h_ctl, 0, sizeof(g4c_ctl));
+    {
+        bump b = {NULL, 0, 1};
+        if ((st = upload_model(c, &b, err))) goto fail;
+        c->wbytes = b.used;
+        if (cudaMalloc((void **)&c->wmem, c->wbytes)) {
+            st = cuda_fail(err, cudaGetLastError(), "allocating device memory for the weights");
+            goto fail;
+        }
+        b = (bump){c->wmem, 0, 0};
+        if ((st = upload_model(c, &b, err))) goto fail;
+    }
+    if ((st = alloc_scratch(c, err))) goto fail;
+    build_target(c);
+    if ((st = push_ops(c->ops, &c->d_ops, err))) goto fail;
+    *out = c;
+    return G4_OK;
+fail:
+    g4_cuda_free(c);
+    return st;
+}
+
+static void drafter_release(g4_cuda *c) {
+    cudaFree(c->dwmem);
+    cudaFree(c->damem);
+    cudaFree(c->d_dops);
+    c->dwmem = c->damem = NULL;
+    c->d_dops = NULL;
+    c->dr = NULL;
+    c->dops.clear();
+    c->dlw.clear();
+}
+
+extern "C" void g4_cuda_free(g4_cuda *c) {
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    drafter_release(c);
+    cudaFree(c->wmem);
+    cudaFree(c->amem);
+    cudaFree(c->d_ops);
+    cudaFree(c->dbg);
+    if (c->h_ctl) cudaFreeHost(c->h_ctl);
+    if (c->ev0) cudaEventDestroy(c->ev0);
+    if (c->ev1) cudaEventDestroy(c->ev1);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    cudaGetLastError();
+    delete c;
+}
+
+/* ---- forward, commit, reads ---------------------------------------------------------------------- */
+
+static g4c_params base_params(const g4_cuda *c) {
+    g4c_params p;
+    memset(&p, 0, sizeof p);
+    p.ops = c->d_ops;
+    p.n_ops = (int)c->ops.size();
+    p.n_steps = 1;
+    p.ctl = c->ctl;
+    p.amax_part = c->amax_part;
+    p.amax_idx = c->amax_idx;
+    p.amin_part = c->amin_part;
+    p.smem_in_floats = c->smem_in;
+    p.eps = c->m->cfg.rms_eps;
+    p.skip = c->skip;
+    return p;
+}
+
+static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g4_error *err) {
+    c->h_ctl->pos = pos;
+    memcpy(c->h_ctl->tokens, tokens, sizeof(int32_t) * (size_t)M);
+    CK(cudaMemcpyAsync(c->ctl, c->h_ctl, offsetof(g4c_ctl, tokens) + sizeof(int) * (size_t)M, cudaMemcpyHostToDevice,
+                       c->stream),
+       "copying tokens");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                                     float *logits, int direct, g4_error *err) {
+    if (M < 1 || M > c->max_batch || lm_from < 0 || lm_from >= M || (direct && M != 1) || pos < 0 || pos + M > c->n_ctx)
+        return g4_fail(err, G4_ERR_ARG, "CUDA forward: bad block (pos %d, M %d, lm_from %d)", pos, M, lm_from);
+    g4_status st = set_tokens(c, pos, tokens, M, err);
+    if (st) return st;
+    g4c_params p = base_params(c);
+    p.M = M;
+    p.lm_from = lm_from;
+    p.want_logits = want_logits;
+    p.direct = direct;
+    CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the forward");
+    const size_t V = (size_t)c->m->cfg.vocab;
+    if (logits && want_logits)
+        CK(cudaMemcpyAsync(logits, c->logits + (size_t)lm_from * V, sizeof(float) * (size_t)(M - lm_from) * V,
+                           cudaMemcpyDeviceToHost, c->stream),
+           "copying logits");
+    CK(cudaStreamSynchronize(c->stream), "running the forward");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err) {
+    CK(g4c_commit(c->d_kvl, c->n_kvl, c->max_row, stage_pos, n, c->stream), "committing the cache");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_argmax(g4_cuda *c, int m0, int n, int32_t *out, g4_error *err) {
+    CK(cudaMemcpyAsync(c->h_ctl->next, c->ctl->next + m0, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost, c->stream),
+       "copying argmax");
+    CK(cudaStreamSynchronize(c->stream), "copying argmax");
+    memcpy(out, c->h_ctl->next, sizeof(int32_t) * (size_t)n);
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_set_debug(g4_cuda *c, int on, g4_error *err) {
+    if (!!on == (c->dbg != NULL)) return G4_OK;
+    CK(cudaStreamSynchronize(c->stream), "synchronising");
+    cudaFree(c->dbg);
+    c->dbg = NULL;
+    if (on) {
+        const g4_config *cf = &c->m->cfg;
+        size_t n = (size_t)cf->n_layers * c->max_batch * cf->hidden;
+        CK(cudaMalloc((void **)&c->dbg, sizeof(float) * n), "allocating the dump buffer");
+        CK(cudaMemset(c->dbg, 0, sizeof(float) * n), "clearing the dump buffer");
+    }
+    build_target(c);
+    return push_ops(c->ops, &c->d_ops, err);
+}
+
+extern "C" g4_status g4_cuda_read(g4_cuda *c, const char *name, int layer, int m0, int n, float *out, int *row_len,
+                                  g4_error *err) {
+    const g4_config *cf = &c->m->cfg;
+    const float *src = NULL;
+    int len = cf->hidden;
+    if (!strcmp(name, "embed")) src = c->x0;
+    else if (!strcmp(name, "final_norm")) src = c->hfinal;
+    else if (!strcmp(name, "ple") && c->ple) {
+        src = c->ple;
+        len = cf->n_layers * cf->ple_width;
+    } else if (!strcmp(name, "logits")) {
+        src = c->logits;
+        len = cf->vocab;
+    } else if (!strcmp(name, "layer_out") && c->dbg && layer >= 0 && layer < cf->n_layers)
+        src = c->dbg + (size_t)layer * c->max_batch * cf->hidden;
+    if (!src) return g4_fail(err, G4_ERR_ARG, "CUDA backend: no intermediate '%s' for layer %d", name, layer);
+    if (row_len) *row_len = len;
+    if (out) {
+        CK(cudaMemcpyAsync(out, src + (size_t)m0 * len, sizeof(float) * (size_t)n * len, cudaMemcpyDeviceToHost, c->stream),
+           "reading an intermediate");
+        CK(cudaStreamSynchronize(c->stream), "reading an intermediate");
+    }
+    return G4_OK;
+}
+
+/* ---- the drafter --------------------------------------------------------------------------------- */
+
+static g4_status upload_drafter(g4_cuda *c, const g4_drafter *d, bump *b, g4_error *err) {
+    const g4_config *dc = &d->cfg.text;
+    int h = dc->hidden, L = dc->n_layers;
+    g4_status st;
+    char what[96];
+    if ((st = up_mat(b, &d->pre_proj, "drafter pre_projection", &c->d_pre, err)) ||
+        (st = up_mat(b, &d->post_proj, "drafter post_projection", &c->d_post, err)) ||
+        (st = up_mat(b, &d->embed, "drafter embed_tokens", &c->d_emb, err)) ||
+        (st = up_vec(b, d->final_norm, h, &c->d_final_norm, err)))
+        return st;
+    if (d->cfg.ordered_embeddings && (st = up_mat(b, &d->centroids, "drafter centroids", &c->d_cent_w, err))) return st;
+    c->dlw.assign((size_t)L, dev_dlayer());
+    for (int i = 0; i < L; i++) {
+        const g4_drafter_layer *w = &d->layers[i];
+        dev_dlayer *o = &c->dlw[(size_t)i];
+#define MAT(f, name) (snprintf(what, sizeof what, "drafter layers.%d.%s", i, name), up_mat(b, &w->f, what, &o->f, err))
+        if ((st = MAT(wq, "q_proj")) || (st = MAT(wo, "o_proj")) || (st = MAT(gate, "gate_proj")) || (st = MAT(up, "up_proj")) ||
+            (st = MAT(down, "down_proj")))
+            return st;
+#undef MAT
+        if ((st = up_vec(b, w->attn_norm, h, &o->attn_norm, err)) || (st = up_vec(b, w->post_attn_norm, h, &o->post_attn, err)) ||
+            (st = up_vec(b, w->pre_ffn_norm, h, &o->pre_ffn, err)) || (st = up_vec(b, w->post_ffn_norm, h, &o->post_ffn, err)) ||
+            (st = up_vec(b, w->q_norm, dc->layers[i].head_dim, &o->q_norm, err)))
+            return st;
+        o->layer_scalar = w->layer_scalar;
+    }
+    return G4_OK;
+}
+
+static void layout_drafter(g4_cuda *c, const g4_drafter *d, bump *b) {
+    const g4_config *dc = &d->cfg.text;
+    int h = dc->hidden, H = c->m->cfg.hidden, V = dc->vocab, maxd = 0, maxI = 0, maxkv = 0, maxgroup = 0;
+    for (int i = 0; i < dc->n_layers; i++) {
+        const g4_layer_config *tl = &c->m->cfg.layers[d->target_layer[i]];
+        maxd = dc->layers[i].head_dim > maxd ? dc->layers[i].head_dim : maxd;
+        maxI = dc->layers[i].mlp_width > maxI ? dc->layers[i].mlp_width : maxI;
+        maxkv = tl->n_kv_heads > maxkv ? tl->n_kv_heads : maxkv;
+        maxgroup = dc->n_heads / tl->n_kv_heads > maxgroup ? dc->n_heads / tl->n_kv_heads : maxgroup;
+    }
+    c->d_part = TAKE(b, float, (size_t)maxkv * c->max_chunks * maxgroup * (maxd + 2));
+    c->d_hid = TAKE(b, float, H);
+    c->d_hcarry = TAKE(b, float, H);
+    c->d_hhist = TAKE(b, float, (size_t)G4C_MAXSTEPS * H);
+    c->d_dlogits = TAKE(b, float, (size_t)G4C_MAXSTEPS * V);
+    c->d_x = TAKE(b, float, h);
+    c->d_xa = TAKE(b, float, h);
+    c->d_xb = TAKE(b, float, h);
+    c->d_q = TAKE(b, float, (size_t)dc->n_heads * maxd);
+    c->d_att = TAKE(b, float, (size_t)dc->n_heads * maxd);
+    c->d_t = TAKE(b, float, h);
+    c->d_hb = TAKE(b, float, maxI);
+    c->d_f = TAKE(b, float, h);
+    c->d_y = TAKE(b, float, h);
+    int C = d->cfg.ordered_embeddings ? d->cfg.n_centroids : 1;
+    c->d_cent = TAKE(b, float, C);
+    c->d_cidx = TAKE(b, int, d->cfg.ordered_embeddings ? d->cfg.centroid_top_k : 1);
+    c->d_cflag = TAKE(b, int, C);
+    c->d_order = TAKE(b, int, d->cfg.ordered_embeddings ? V : 1);
+    c->d_cluster = TAKE(b, int, d->cfg.ordered_embeddings ? V : 1);
+}
+
+static void build_drafter(g4_cuda *c, const g4_drafter *d) {
+    const g4_config *dc = &d->cfg.text, *tc = &c->m->cfg;
+    const int h = dc->hidden, H = tc->hidden, nH = dc->n_heads, V = dc->vocab;
+    std::vector<g4c_op> &ops = c->dops;
+    ops.clear();
+    g4c_op o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+    o.in.kind = G4C_IN_CONCAT;
+    o.in.emb = c->embed;
+    o.in.emb_scale = c->m->embed_scale;
+    o.in.hid = c->d_hcarry;
+    o.nparts = 1;
+    o.part[0] = part_of(c->d_pre, c->d_x, h);
+    ops.push_back(o);
+    stream_t s;
+    memset(&s, 0, sizeof s);
+    s.cur = c->d_x;
+    s.buf[0] = c->d_xa;
+    s.buf[1] = c->d_xb;
+    for (int l = 0; l < dc->n_layers; l++) {
+        const g4_layer_config *lc = &dc->layers[l];
+        const dev_dlayer *w = &c->dlw[(size_t)l];
+        const int src = d->target_layer[l], dd = lc->head_dim, I = lc->mlp_width;
+        const dev_kv *kv = &c->kv[(size_t)src];
+        const g4_layer_config *tl = &tc->layers[src];
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = fold_in(&s, h, G4C_NORM_RMS, w->attn_norm);
+        o.nparts = 1;
+        o.part[0] = part_of(w->wq, c->d_q, nH * dd);
+        ops.push_back(o);
+        g4c_op hd = op_new(G4C_OP_HEADS, G4C_CLS_OTHER);
+        hd.drafter = 1;
+        hd.n_heads = nH;
+        hd.n_kv = tl->n_kv_heads;
+        hd.d = dd;
+        hd.pairs = lc->rope_pairs;
+        hd.theta = lc->rope_theta;
+        hd.q = c->d_q;
+        hd.q_norm = w->q_norm;
+        ops.push_back(hd);
+        g4c_op at = op_new(G4C_OP_ATTN, G4C_CLS_ATTN);
+        at.drafter = 1;
+        at.n_heads = nH;
+        at.n_kv = tl->n_kv_heads;
+        at.d = dd;
+        at.is_full = tl->is_full;
+        at.window = tc->sliding_window;
+        at.q = c->d_q;
+        at.kc = kv->kc;
+        at.vc = kv->vc;
+        at.cap_rows = kv->cap;
+        at.att = c->d_att;
+        at.part_buf = c->d_part;
+        at.max_chunks = c->max_chunks;
+        attn_ops(ops, at);
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = plain_in(c->d_att, nH * dd);
+        o.nparts = 1;
+        o.part[0] = part_of(w->wo, c->d_t, h);
+        ops.push_back(o);
+        s.t = c->d_t;
+        s.t_w = w->post_attn;
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = fold_in(&s, h, G4C_NORM_RMS, w->pre_ffn);
+        o.epi = G4C_EPI_GELU_PAIR;
+        o.nparts = 2;
+        o.part[0] = part_of(w->gate, c->d_hb, I);
+        o.part[1] = part_of(w->up, c->d_hb, I);
+        ops.push_back(o);
+        o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
+        o.in = plain_in(c->d_hb, I);
+        o.nparts = 1;
+        o.part[0] = part_of(w->down, c->d_f, h);
+        ops.push_back(o);
+        s.t = c->d_f;
+        s.t_w = w->post_ffn;
+        s.has_scalar = 1;
+        s.scalar = w->layer_scalar;
+    }
+    /* y = rms_w(norm)(x); the carried hidden y · postᵀ; the head */
+    o = op_new(G4C_OP_MATMUL, G4C_CLS_HEAD);
+    o.in = fold_in(&s, h, G4C_NORM_RMS, c->d_final_norm);
+    o.in.x_out = NULL;
+    o.in.normed_out = c->d_y;
+    o.nparts = 2;
+    o.part[0] = part_of(c->d_post, c->d_hcarry, H);
+    o.part[0].y2 = c->d_hhist;
+    o.part[0].y2_step = H;
+    if (d->cfg.ordered_embeddings) {
+        o.part[1] = part_of(c->d_cent_w, c->d_cent, d->cfg.n_centroids);
+        ops.push_back(o);
+        g4c_op k = op_new(G4C_OP_CENT_TOPK, G4C_CLS_HEAD);
+        k.C = d->cfg.n_centroids;
+        k.topk = d->cfg.centroid_top_k;
+        k.per = V / d->cfg.n_centroids;
+        k.V = V;
+        k.cent = c->d_cent;
+        k.cidx = c->d_cidx;
+        k.cflag = c->d_cflag;
+        k.order = c->d_order;
+        k.cluster_of = c->d_cluster;
+        k.y = c->d_y;
+        k.emb_d = c->d_emb;
+        k.logits = c->d_dlogits;
+        ops.push_back(k);
+        k.kind = G4C_OP_CENT_SCORE;
+        ops.push_back(k);
+        k.kind = G4C_OP_CENT_FILL;
+        ops.push_back(k);
+    } else {
+        o.part[1] = part_of(c->d_emb, c->d_dlogits, V);
+        o.part[1].y_step = V;
+        o.part[1].argmax = 2;
+        ops.push_back(o);
+    }
+}
+
+extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_error *err) {
+    if (c->dr == d) return G4_OK;
+    drafter_release(c);
+    if (d->target != c->m) return g4_fail(err, G4_ERR_ARG, "the drafter was loaded for another model");
+    const g4_config *dc = &d->cfg.text;
+    if (d->cfg.ordered_embeddings && (d->cfg.n_centroids <= 0 || dc->vocab % d->cfg.n_centroids ||
+                                       d->cfg.n_centroids > c->smem_in))
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter centroid head with %d centroids is not supported",
+                       d->cfg.n_centroids);
+    if (2 * c->m->cfg.hidden > c->smem_in) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter input too wide");
+    bump b = {NULL, 0, 1};
+    g4_status st = upload_drafter(c, d, &b, err);
+    if (st) return st;
+    CK(cudaMalloc((void **)&c->dwmem, b.used), "allocating drafter weights");
+    b = (bump){c->dwmem, 0, 0};
+    if ((st = upload_drafter(c, d, &b, err))) {
+        drafter_release(c);
+        return st;
+    }
+    b = (bump){NULL, 0, 1};
+    layout_drafter(c, d, &b);
+    CK(cudaMalloc((void **)&c->damem, b.used), "allocating drafter scratch");
+    CK(cudaMemset(c->damem, 0, b.used), "clearing drafter scratch");
+    b = (bump){c->damem, 0, 0};
+    layout_drafter(c, d, &b);
+    if (d->cfg.ordered_embeddings) {
+        int V = dc->vocab, per = V / d->cfg.n_centroids;
+        std::vector<int> cluster((size_t)V);
+        for (int i = 0; i < V; i++) cluster[(size_t)d->token_order[i]] = i / per;
+        CK(cudaMemcpy(c->d_order, d->token_order, sizeof(int) * (size_t)V, cudaMemcpyHostToDevice), "uploading token order");
+        CK(cudaMemcpy(c->d_cluster, cluster.data(), sizeof(int) * (size_t)V, cudaMemcpyHostToDevice), "uploading clusters");
+    }
+    build_drafter(c, d);
+    if ((st = push_ops(c->dops, &c->d_dops, err))) {
+        drafter_release(c);
+        return st;
+    }
+    c->d_eps = dc->rms_eps;
+    c->dr = d;
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_save_hidden(g4_cuda *c, int row, g4_error *err) {
+    const int H = c->m->cfg.hidden;
+    if (!c->dr) return g4_fail(err, G4_ERR_ARG, "CUDA backend: no drafter attached");
+    CK(cudaMemcpyAsync(c->d_hid, c->hfinal + (size_t)row * H, sizeof(float) * (size_t)H, cudaMemcpyDeviceToDevice, c->stream),
+       "saving the hidden state");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_draft(g4_cuda *c, int32_t tok, int qpos, int n_steps, int begin, int32_t *drafts,
+                                   float *logits, float *hidden0, g4_error *err) {
+    if (!c->dr) return g4_fail(err, G4_ERR_ARG, "CUDA backend: no drafter attached");
+    if (n_steps < 1 || n_steps > G4C_MAXSTEPS || qpos < 0 || qpos >= c->n_ctx)
+        return g4_fail(err, G4_ERR_ARG, "CUDA backend: %d draft steps at position %d", n_steps, qpos);
+    const int H = c->m->cfg.hidden, V = c->dr->cfg.text.vocab;
+    if (begin)
+        CK(cudaMemcpyAsync(c->d_hcarry, c->d_hid, sizeof(float) * (size_t)H, cudaMemcpyDeviceToDevice, c->stream),
+           "starting a draft round");
+    c->h_ctl->dtok0 = tok;
+    CK(cudaMemcpyAsync(&c->ctl->dtok0, &c->h_ctl->dtok0, sizeof(int), cudaMemcpyHostToDevice, c->stream), "copying the token");
+    g4c_params p = base_params(c);
+    p.ops = c->d_dops;
+    p.n_ops = (int)c->dops.size();
+    p.M = 1;
+    p.want_logits = logits != NULL;
+    p.qpos = qpos;
+    p.n_steps = n_steps;
+    p.eps = c->d_eps;
+    CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the drafter");
+    CK(cudaMemcpyAsync(c->h_ctl->drafts, c->ctl->drafts, sizeof(int) * (size_t)n_steps, cudaMemcpyDeviceToHost, c->stream),
+       "copying drafts");
+    if (logits)
+        CK(cudaMemcpyAsync(logits, c->d_dlogits, sizeof(float) * (size_t)n_steps * V, cudaMemcpyDeviceToHost, c->stream),
+           "copying drafter logits");
+    if (hidden0)
+        CK(cudaMemcpyAsync(hidden0, c->d_hhist, sizeof(float) * (size_t)H, cudaMemcpyDeviceToHost, c->stream),
+           "copying the drafter hidden");
+    CK(cudaStreamSynchronize(c->stream), "running the drafter");
+    memcpy(drafts, c->h_ctl->drafts, sizeof(int32_t) * (size_t)n_steps);
+    return G4_OK;
+}
+
+/* ---- benchmarking --------------------------------------------------------------------------------- */
+
+extern "C" g4_status g4_cuda_decode_chain(g4_cuda *c, int pos, int32_t tok, int n, int32_t *out, double *seconds,
+                                          g4_error *err) {
+    if (n < 1 || pos < 0 || pos + n > c->n_ctx) return g4_fail(err, G4_ERR_ARG, "decode chain of %d tokens at %d", n, pos);
+    g4_status st = set_tokens(c, pos, &tok, 1, err);
+    if (st) return st;
+    c->h_ctl->hist_n = 0;
+    CK(cudaMemcpyAsync(&c->ctl->hist_n, &c->h_ctl->hist_n, sizeof(int), cudaMemcpyHostToDevice, c->stream), "chain setup");
+    g4c_params p = base_params(c);
+    p.M = 1;
+    p.want_logits = 1;
+    p.direct = 1;
+    p.chain = 1;
+    p.hist = c->hist;
+    CK(cudaEventRecord(c->ev0, c->stream), "recording an event");
+    for (int i = 0; i < n; i++) CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching a decode step");
+    CK(cudaEventRecord(c->ev1, c->stream), "recording an event");
+    CK(cudaEventSynchronize(c->ev1), "running the decode chain");
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, c->ev0, c->ev1), "timing");
+    *seconds = ms * 1e-3;
+    if (out) CK(cudaMemcpy(out, c->hist, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost), "copying tokens");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int reps, double *seconds,
+                                          g4_error *err) {
+    if (M < 1 || M > c->max_batch || pos + M > c->n_ctx || reps < 1) return g4_fail(err, G4_ERR_ARG, "bad timed forward");
+    g4_status st = set_tokens(c, pos, tokens, M, err);
+    if (st) return st;
+    g4c_params p = base_params(c);
+    p.M = M;
+    p.want_logits = 1;
+    CK(cudaEventRecord(c->ev0, c->stream), "recording an event");
+    for (int i = 0; i < reps; i++) CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching a forward");
+    CK(cudaEventRecord(c->ev1, c->stream), "recording an event");
+    CK(cudaEventSynchronize(c->ev1), "running forwards");
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, c->ev0, c->ev1), "timing");
+    *seconds = ms * 1e-3 / reps;
+    return G4_OK;
+}
+
+extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
+
+extern "C" g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err) {
+    float4 *buf = NULL;
+    float *sink = NULL;
+    cudaStream_t s;
+    cudaEvent_t a, b;
+    size_t n4 = bytes / sizeof(float4);
+    CK(cudaMalloc((void **)&buf, n4 * sizeof(float4)), "allocating the probe buffer");
+    CK(cudaMalloc((void **)&sink, sizeof(float)), "allocating the probe sink");
+    CK(cudaMemset(buf, 0, n4 * sizeof(float4)), "clearing the probe buffer");
+    CK(cudaStreamCreate(&s), "creating a stream");
+    CK(cudaEventCreate(&a), "creating an event");
+    CK(cudaEventCreate(&b), "creating an event");
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "reading the SM count");
+    CK(g4c_read_probe(buf, n4, sink, sms * 4, s), "probe warm-up");
+    float best = 1e30f;
+    for (int r = 0; r < 5; r++) {
+        CK(cudaEventRecord(a, s), "recording an event");
+        CK(g4c_read_probe(buf, n4, sink, sms * 4, s), "probe");
+        CK(cudaEventRecord(b, s), "recording an event");
+        CK(cudaEventSynchronize(b), "probe");
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b), "timing");
+        best = ms < best ? ms : best;
+    }
+    *bytes_per_s = (double)(n4 * sizeof(float4)) / (best * 1e-3);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaStreamDestroy(s);
+    cudaFree(buf);
+    cudaFree(sink);
+    return G4_OK;
+}
+
+extern "C" void g4_cuda_describe(const g4_cuda *c, int *grid, int *n_ops, size_t *weight_bytes, size_t *scratch_bytes) {
+    if (grid) *grid = c->grid;
+    if (n_ops) *n_ops = (int)c->ops.size();
+    if (weight_bytes) *weight_bytes = c->wbytes;
+    if (scratch_bytes) *scratch_bytes = c->abytes;
+}
