@@ -733,9 +733,11 @@ static void test_fixture_round_trips(void **state) {
                 while (greedy_ok < n_out && out[greedy_ok] == ref.greedy[greedy_ok]) greedy_ok++;
                 g4_session_free(s);
             }
-            printf("  %-12s %-8s %s%d-bit g%-3d: %d/%d matrices quantised; vs dequantised float: logits rel. RMS "
+            char width[32];
+            snprintf(width, sizeof width, mixed ? "2/4/8-bit" : "%d-bit", bits);
+            printf("  %-12s %-8s %-9s g%-3d: %d/%d matrices quantised; vs dequantised float: logits rel. RMS "
                    "%.3f, max %.2f, top-1 %3.0f%%; vs fixture: top-1 %3.0f%%, max %.2f",
-                   fixtures[f], q->format, mixed ? "mixed 2/4/8, " : "", bits, q->group, quantised, n, (double)rel,
+                   fixtures[f], q->format, width, q->group, quantised, n, (double)rel,
                    (double)max_abs_diff(lq, lr, nl), 100.0 * agree, 100.0 * agree_fx,
                    (double)max_abs_diff(lq, ref.logits, nl));
             if (greedy_ok >= 0) printf(", greedy matches the first %d/%d", greedy_ok, ref.n_greedy);

@@ -15,6 +15,9 @@
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline)) T2
 
+/* Software prefetch distance in each weight row (bytes), as in kernels_avx512.c. */
+#define PF_DIST 4096
+
 /* ---- float path ----------------------------------------------------------------------------- */
 
 INLINE __m256 load_w8(g4_wtype t, const uint8_t *row, int i) {
@@ -45,6 +48,7 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
         __m256 w0[2], w1[2];
 #pragma GCC unroll 2
         for (int v = 0; v < R; v++) {
+            _mm_prefetch((const char *)row[v] + (t == G4_W_F32 ? 4 : 2) * (size_t)i + PF_DIST, _MM_HINT_T0);
             w0[v] = load_w8(t, row[v], i);
             w1[v] = load_w8(t, row[v], i + 8);
         }
@@ -355,6 +359,7 @@ INLINE void int_tile(const g4_rows_args *a, const urow2 *rw, int r, const int R,
                      int sgn, int recentre) {
     const g4_xprep *xp = a->xp;
     int nfull = xp->nb / 4, add = g4_wtype_additive(t), split = t == G4_W_Q6_K;
+    size_t gbytes = a->w->row_bytes * 4 / (size_t)xp->nb; /* bytes of one 4-block group */
     __m256 acc[2][4][2];
 #pragma GCC unroll 2
     for (int v = 0; v < R; v++)
@@ -364,7 +369,14 @@ INLINE void int_tile(const g4_rows_args *a, const urow2 *rw, int r, const int R,
     for (int j = 0; j < nfull; j++) {
         wgrp2 g[2];
 #pragma GCC unroll 2
-        for (int v = 0; v < R; v++) unpack2(&rw[v], j, t, &g[v]);
+        for (int v = 0; v < R; v++) {
+            /* a group is row_bytes·128/cols bytes; two lines cover it for every type but Q8_0 */
+            const char *pf = (const char *)rw[v].row + (size_t)j * gbytes + PF_DIST;
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            if (gbytes > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
+            unpack2(&rw[v], j, t, &g[v]);
+        }
 #pragma GCC unroll 4
         for (int u = 0; u < T; u++) {
             const int8_t *q = g4_xp_q(xp, m0 + u) + 128 * j;

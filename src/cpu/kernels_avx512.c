@@ -15,6 +15,10 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline)) T512
 
+/* Software prefetch distance in each weight row (bytes): with the core busy decoding, the
+ * hardware prefetcher alone left DRAM streaming at ~35 % of the measured bandwidth at M = 1. */
+#define PF_DIST 4096
+
 /* ---- float path ----------------------------------------------------------------------------- */
 
 INLINE __m512 load_w16(g4_wtype t, const uint8_t *row, int i) {
@@ -43,10 +47,14 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
 #pragma GCC unroll 4
         for (int u = 0; u < T; u++) acc[v][u] = _mm512_setzero_ps();
     }
+    size_t es = t == G4_W_F32 ? 4 : 2;
     for (; i + 16 <= K; i += 16) {
         __m512 w[4];
 #pragma GCC unroll 4
-        for (int v = 0; v < R; v++) w[v] = load_w16(t, row[v], i);
+        for (int v = 0; v < R; v++) {
+            _mm_prefetch((const char *)row[v] + es * i + PF_DIST, _MM_HINT_T0);
+            w[v] = load_w16(t, row[v], i);
+        }
 #pragma GCC unroll 4
         for (int u = 0; u < T; u++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)u * K + i);
@@ -416,6 +424,18 @@ T512 static int row_factors(const uctx *c, urow *rw, const g4_mat *w, int r, flo
     return 1;
 }
 
+/* Bytes of one 128-column group for the types decoded a group at a time. */
+INLINE size_t group_bytes(const uctx *c, g4_wtype t) {
+    switch (t) {
+    case G4_W_Q8_0: return 4 * 34;
+    case G4_W_Q4_0: return 4 * 18;
+    case G4_W_Q4_1: return 4 * 20;
+    case G4_W_Q5_0: return 4 * 22;
+    case G4_W_Q5_1: return 4 * 24;
+    default: return (size_t)16 * c->bits;
+    }
+}
+
 /* The per-token half of step 4 for one group j, R rows × T tokens. */
 INLINE void group_acc(const g4_xprep *xp, int m0, int j, const wgrp *g, __m512 acc[4][4], const int R, const int T,
                       g4_wtype t) {
@@ -468,6 +488,9 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
 #pragma GCC unroll 4
             for (int v = 0; v < R; v++) {
                 p[v] = rw[v].row + (size_t)(j / 2) * sbytes;
+                _mm_prefetch((const char *)p[v] + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 128, _MM_HINT_T0);
                 if (t == G4_W_Q6_K) kdec6(p[v], &s8[v][0], &s8[v][1]);
                 else kdec45(p[v], &s8[v][0], &b8[v]);
             }
@@ -483,10 +506,17 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
             }
         }
     } else {
+        size_t gb = group_bytes(c, t);
         for (int j = 0; j < nfull; j++) {
             wgrp g[4];
 #pragma GCC unroll 4
-            for (int v = 0; v < R; v++) unpack(c, &rw[v], j, t, &g[v]);
+            for (int v = 0; v < R; v++) {
+                /* stay PF_DIST bytes ahead of the decode in every row (past a row's end this is
+                 * the next row's start: rows are contiguous); prefetches never fault */
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST, _MM_HINT_T0);
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST + 64, _MM_HINT_T0);
+                unpack(c, &rw[v], j, t, &g[v]);
+            }
             group_acc(xp, m0, j, g, acc, R, T, t);
         }
     }
