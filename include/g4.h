@@ -48,7 +48,8 @@ typedef struct g4_model_options {
 } g4_model_options;
 
 /* path: a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded
- * model.safetensors.index.json). Weights are memory-mapped, never copied wholesale. */
+ * model.safetensors.index.json; MLX affine and QAT folders too), a GGUF file, or a native pack
+ * (model.g4p, or a folder holding it). Weights are memory-mapped, never copied wholesale. */
 g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out,
                         g4_error *err);
 void g4_model_free(g4_model *m);
@@ -119,7 +120,8 @@ g4_status g4_session_forward(g4_session *s, const int32_t *tokens, int n, g4_log
 
 typedef struct g4_drafter g4_drafter;
 
-/* Loads a Gemma 4 "assistant" drafter (gemma4_assistant / gemma4_unified_assistant) for target,
+/* Loads a Gemma 4 "assistant" drafter (gemma4_assistant / gemma4_unified_assistant; a folder in
+ * safetensors, MLX affine or QAT form, or a native pack) for target,
  * checking that its geometry matches the target's (hidden size, KV heads, head dims, window,
  * K=V). The target must outlive the drafter. */
 g4_status g4_drafter_load(const char *path, const g4_model *target, g4_drafter **out,

@@ -12,6 +12,7 @@ typedef struct cli_command {
 int cmd_bench(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_pack(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

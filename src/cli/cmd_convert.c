@@ -14,7 +14,8 @@ static void convert_usage(FILE *f) {
     g4_writer_formats_help(formats, sizeof formats);
     fprintf(f,
             "usage: g4 convert IN OUT --format FORMAT [options]\n"
-            "  Converts the model at IN (safetensors, MLX, QAT or GGUF) into FORMAT in directory OUT.\n"
+            "  Converts the model at IN (safetensors, MLX, QAT, GGUF or a pack) into FORMAT in directory OUT.\n"
+            "  A drafter folder (gemma4_assistant) converts too, keeping its names and config (not to GGUF).\n"
             "  Quantised inputs are dequantised to float32 row by row, then re-encoded.\n"
             "formats:\n%s"
             "options:\n"

@@ -215,7 +215,9 @@ static int engine_open(engine *e, const run_opts *o, int need_tokenizer) {
         if (!o->tokenizer && stat(o->model, &sb) == 0 && S_ISDIR(sb.st_mode)) {
             char path[4096];
             snprintf(path, sizeof path, "%s/tokenizer.json", o->model);
-            if (stat(path, &sb) != 0) {
+            int have = stat(path, &sb) == 0;
+            snprintf(path, sizeof path, "%s/model.g4p", o->model); /* a pack carries its own */
+            if (!have && stat(path, &sb) != 0) {
                 fprintf(stderr, "g4: %s has no tokenizer.json; pass --tokenizer FILE\n", o->model);
                 return -1;
             }

@@ -12,6 +12,7 @@ static const cli_command commands[] = {
     {"check", "conformance against a folder in the fixture format", cmd_check},
     {"convert", "convert a checkpoint into another format (safetensors, MLX, QAT, ...)", cmd_convert},
     {"detokenize", "token ids on stdin to text", cmd_detokenize},
+    {"pack", "write the native pack: one mmap-able file in the kernels' layout", cmd_pack},
     {"run", "answer one prompt, streamed to stdout", cmd_run},
     {"synth", "write a random-weight model of a released size in any format", cmd_synth},
     {"tokenize", "text on stdin to token ids", cmd_tokenize},

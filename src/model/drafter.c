@@ -1,11 +1,21 @@
-/* Loading and running the drafter. One step reads like §5 of the model doc. */
+/* Loading and running the drafter. One step reads like §5 of the model doc.
+ *
+ * Loading goes through the same weight sources as the target: a folder's config.json says
+ * whether the weights are plain safetensors, MLX affine or QAT (tensors asked for by their full
+ * names), a pack file (or a folder holding only model.g4p) is mapped as it is; the token ordering
+ * comes through the source's find_i32. The geometry check against the target runs before any
+ * weight is bound. */
 #include "model/drafter.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
+#include "formats/pack.h"
 #include "formats/safetensors.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
@@ -43,85 +53,160 @@ static g4_status resolve_sources(g4_drafter *d, const g4_model *t, g4_error *err
     return G4_OK;
 }
 
-g4_status g4_drafter_load(const char *path, const g4_model *target, g4_drafter **out, g4_error *err) {
+/* A GGUF file, or a folder holding model.gguf and no config.json. */
+static int is_gguf_path(const char *path) {
+    char buf[4096];
+    struct stat sb;
+    snprintf(buf, sizeof buf, "%s/config.json", path);
+    int dir_gguf = stat(buf, &sb) != 0;
+    snprintf(buf, sizeof buf, "%s/model.gguf", path);
+    const char *cands[2] = {path, dir_gguf ? buf : NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!cands[i] || stat(cands[i], &sb) || !S_ISREG(sb.st_mode)) continue;
+        FILE *f = fopen(cands[i], "rb");
+        char magic[4] = {0};
+        int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
+        if (f) fclose(f);
+        if (ok) return 1;
+    }
+    return 0;
+}
+
+int g4_is_drafter_path(const char *path) {
+    char pack[4096];
+    if (g4_pack_resolve(path, pack, sizeof pack)) {
+        g4_pack p;
+        if (g4_pack_open(&p, pack, NULL)) return 0;
+        const char *k = g4_pack_string(&p, "kind");
+        int d = k && !strcmp(k, "drafter");
+        g4_pack_close(&p);
+        return d;
+    }
+    char cpath[4096], *text = NULL;
+    snprintf(cpath, sizeof cpath, "%s/config.json", path);
+    if (g4_read_file(cpath, &text, NULL, NULL)) return 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    int d = cJSON_IsString(mt) && strstr(mt->valuestring, "_assistant") != NULL;
+    cJSON_Delete(root);
+    return d;
+}
+
+g4_status g4_drafter_open(const char *path, g4_drafter **out, char **config_json, g4_error *err) {
     *out = NULL;
-    if (!path || !target) return g4_fail(err, G4_ERR_ARG, "drafter path and target are required");
+    if (config_json) *config_json = NULL;
+    if (!path) return g4_fail(err, G4_ERR_ARG, "drafter path is required");
     g4_drafter *d = calloc(1, sizeof *d);
     if (!d || !(d->path = strdup(path))) {
         free(d);
         return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     }
-    d->target = target;
-    char cpath[4096];
-    snprintf(cpath, sizeof cpath, "%s/config.json", path);
+    char cpath[4096], pack[4096];
     char *text = NULL;
-    g4_status st = g4_read_file(cpath, &text, NULL, err);
-    if (!st) st = g4_drafter_config_parse(text, cpath, &d->cfg, err);
-    free(text);
+    g4_status st;
+    int quantised = 0;
+    if (g4_pack_resolve(path, pack, sizeof pack)) {
+        st = g4_source_open_pack(&d->src, pack, "drafter", &text, err);
+        snprintf(cpath, sizeof cpath, "%s", pack);
+        if (!st) st = g4_drafter_config_parse(text, cpath, &d->cfg, err);
+    } else if (is_gguf_path(path)) {
+        /* the model doc names no GGUF layout for gemma4_assistant, and llama.cpp's converter
+         * writes none that this engine could check against */
+        st = g4_fail(err, G4_ERR_UNSUPPORTED, "%s: GGUF drafters are not supported (no GGUF naming for Gemma 4 "
+                     "assistant models is defined); use the safetensors, MLX, QAT or g4 pack form", path);
+    } else {
+        snprintf(cpath, sizeof cpath, "%s/config.json", path);
+        st = g4_read_file(cpath, &text, NULL, err);
+        if (!st) st = g4_drafter_config_parse(text, cpath, &d->cfg, err);
+        if (!st) st = g4_source_open_quantized_drafter(&d->src, path, &d->cfg, &quantised, err);
+        if (!st && !quantised) st = g4_source_open_safetensors_raw(&d->src, path, err);
+    }
     const g4_config *c = &d->cfg.text;
-    int L = c->n_layers, h = c->hidden, H = target->cfg.hidden, V = c->vocab;
     if (!st) {
+        int L = c->n_layers, h = c->hidden;
         d->layers = calloc((size_t)L, sizeof *d->layers);
         d->target_layer = calloc((size_t)L, sizeof(int));
-        size_t cap = (size_t)h + 16;
-        for (int i = 0; i < L; i++) cap += 4 * (size_t)h + (size_t)c->layers[i].head_dim + 4;
-        d->arena = malloc(cap * sizeof(float));
+        d->arena_cap = (size_t)h + 16;
+        for (int i = 0; i < L; i++) d->arena_cap += 4 * (size_t)h + (size_t)c->layers[i].head_dim + 4;
+        d->arena = malloc(d->arena_cap * sizeof(float));
         if (!d->layers || !d->target_layer || !d->arena) st = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-        if (!st) st = resolve_sources(d, target, err);
-        if (!st) st = g4_source_open_safetensors_raw(&d->src, path, err);
-        g4_binder b = {&d->src, d->arena, 0, cap, NULL, err};
-        if (!st && !(st = g4_bind_mat(&b, "pre_projection.weight", 0, h, 2 * H, &d->pre_proj, NULL)) &&
-            !(st = g4_bind_mat(&b, "post_projection.weight", 0, H, h, &d->post_proj, NULL)) &&
-            !(st = g4_bind_mat(&b, "model.embed_tokens.weight", 0, V, h, &d->embed, NULL)))
-            st = g4_bind_vec(&b, "model.norm.weight", h, &d->final_norm);
-        for (int i = 0; i < L && !st; i++) {
-            const g4_layer_config *lc = &c->layers[i];
-            g4_drafter_layer *w = &d->layers[i];
-            int nq = c->n_heads * lc->head_dim, I = lc->mlp_width;
-            char n[128];
-#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d.%s", i, s), n)
-            const float *scalar;
-            if ((st = g4_bind_vec(&b, NAME("input_layernorm.weight"), h, &w->attn_norm)) ||
-                (st = g4_bind_vec(&b, NAME("post_attention_layernorm.weight"), h, &w->post_attn_norm)) ||
-                (st = g4_bind_vec(&b, NAME("pre_feedforward_layernorm.weight"), h, &w->pre_ffn_norm)) ||
-                (st = g4_bind_vec(&b, NAME("post_feedforward_layernorm.weight"), h, &w->post_ffn_norm)) ||
-                (st = g4_bind_mat(&b, NAME("self_attn.q_proj.weight"), 0, nq, h, &w->wq, NULL)) ||
-                (st = g4_bind_vec(&b, NAME("self_attn.q_norm.weight"), lc->head_dim, &w->q_norm)) ||
-                (st = g4_bind_mat(&b, NAME("self_attn.o_proj.weight"), 0, h, nq, &w->wo, NULL)) ||
-                (st = g4_bind_mat(&b, NAME("mlp.gate_proj.weight"), 0, I, h, &w->gate, NULL)) ||
-                (st = g4_bind_mat(&b, NAME("mlp.up_proj.weight"), 0, I, h, &w->up, NULL)) ||
-                (st = g4_bind_mat(&b, NAME("mlp.down_proj.weight"), 0, h, I, &w->down, NULL)) ||
-                (st = g4_bind_vec(&b, NAME("layer_scalar"), 1, &scalar)))
-                break;
-#undef NAME
-            w->layer_scalar = scalar[0];
-        }
-        if (!st && d->cfg.ordered_embeddings) {
-            int C = d->cfg.n_centroids;
-            st = g4_bind_mat(&b, "masked_embedding.centroids.weight", 0, C, h, &d->centroids, NULL);
-            const g4_st_archive *a = st ? NULL : g4_source_safetensors_archive(&d->src);
-            const g4_st_tensor *t = a ? g4_st_find(a, "masked_embedding.token_ordering") : NULL;
-            if (!st && (!t || t->ndim != 1 || t->shape[0] != V || (t->dtype != G4_DT_I64 && t->dtype != G4_DT_I32)))
-                st = g4_fail(err, G4_ERR_TENSOR, "%s: masked_embedding.token_ordering missing or not an integer [%d]",
-                             path, V);
-            if (!st && !(d->token_order = malloc(sizeof(int32_t) * (size_t)V)))
-                st = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-            /* every token id exactly once: the centroid head scores each token through its cluster */
-            char *seen = st ? NULL : calloc((size_t)V, 1);
-            if (!st && !seen) st = g4_fail(err, G4_ERR_NOMEM, "out of memory");
-            for (int i = 0; !st && i < V; i++) {
-                int64_t v = t->dtype == G4_DT_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
-                if (v < 0 || v >= V || seen[v])
-                    st = g4_fail(err, G4_ERR_TENSOR, "%s: masked_embedding.token_ordering is not a permutation of 0..%d",
-                                 path, V - 1);
-                else {
-                    seen[v] = 1;
-                    d->token_order[i] = (int32_t)v;
-                }
-            }
-            free(seen);
-        }
     }
+    if (st) {
+        free(text);
+        g4_drafter_free(d);
+        return st;
+    }
+    if (config_json) *config_json = text;
+    else free(text);
+    *out = d;
+    return G4_OK;
+}
+
+g4_status g4_drafter_bind(g4_drafter *d, g4_error *err) {
+    const g4_config *c = &d->cfg.text;
+    int L = c->n_layers, h = c->hidden, H = d->cfg.backbone_hidden, V = c->vocab;
+    g4_binder b = {&d->src, d->arena, 0, d->arena_cap, NULL, err};
+    g4_status st;
+    if (!(st = g4_bind_mat(&b, "pre_projection.weight", 0, h, 2 * H, &d->pre_proj, NULL)) &&
+        !(st = g4_bind_mat(&b, "post_projection.weight", 0, H, h, &d->post_proj, NULL)) &&
+        !(st = g4_bind_mat(&b, "model.embed_tokens.weight", 0, V, h, &d->embed, NULL)))
+        st = g4_bind_vec(&b, "model.norm.weight", h, &d->final_norm);
+    for (int i = 0; i < L && !st; i++) {
+        const g4_layer_config *lc = &c->layers[i];
+        g4_drafter_layer *w = &d->layers[i];
+        int nq = c->n_heads * lc->head_dim, I = lc->mlp_width;
+        char n[128];
+#define NAME(s) (snprintf(n, sizeof n, "model.layers.%d.%s", i, s), n)
+        const float *scalar;
+        if ((st = g4_bind_vec(&b, NAME("input_layernorm.weight"), h, &w->attn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("post_attention_layernorm.weight"), h, &w->post_attn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("pre_feedforward_layernorm.weight"), h, &w->pre_ffn_norm)) ||
+            (st = g4_bind_vec(&b, NAME("post_feedforward_layernorm.weight"), h, &w->post_ffn_norm)) ||
+            (st = g4_bind_mat(&b, NAME("self_attn.q_proj.weight"), 0, nq, h, &w->wq, NULL)) ||
+            (st = g4_bind_vec(&b, NAME("self_attn.q_norm.weight"), lc->head_dim, &w->q_norm)) ||
+            (st = g4_bind_mat(&b, NAME("self_attn.o_proj.weight"), 0, h, nq, &w->wo, NULL)) ||
+            (st = g4_bind_mat(&b, NAME("mlp.gate_proj.weight"), 0, I, h, &w->gate, NULL)) ||
+            (st = g4_bind_mat(&b, NAME("mlp.up_proj.weight"), 0, I, h, &w->up, NULL)) ||
+            (st = g4_bind_mat(&b, NAME("mlp.down_proj.weight"), 0, h, I, &w->down, NULL)) ||
+            (st = g4_bind_vec(&b, NAME("layer_scalar"), 1, &scalar)))
+            break;
+#undef NAME
+        w->layer_scalar = scalar[0];
+    }
+    if (st || !d->cfg.ordered_embeddings) return st;
+    int C = d->cfg.n_centroids, found = 0;
+    if ((st = g4_bind_mat(&b, "masked_embedding.centroids.weight", 0, C, h, &d->centroids, NULL))) return st;
+    if (!(d->token_order = malloc(sizeof(int32_t) * (size_t)V))) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    if (d->src.find_i32 &&
+        (st = d->src.find_i32(d->src.ctx, "masked_embedding.token_ordering", V, d->token_order, &found, err)))
+        return st;
+    if (!found)
+        return g4_fail(err, G4_ERR_TENSOR, "%s: masked_embedding.token_ordering missing or not an integer [%d]", d->path,
+                       V);
+    /* every token id exactly once: the centroid head scores each token through its cluster */
+    char *seen = calloc((size_t)V, 1);
+    if (!seen) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < V; i++) {
+        int32_t v = d->token_order[i];
+        if (v < 0 || v >= V || seen[v])
+            st = g4_fail(err, G4_ERR_TENSOR, "%s: masked_embedding.token_ordering is not a permutation of 0..%d", d->path,
+                         V - 1);
+        else
+            seen[v] = 1;
+    }
+    free(seen);
+    return st;
+}
+
+g4_status g4_drafter_load(const char *path, const g4_model *target, g4_drafter **out, g4_error *err) {
+    *out = NULL;
+    if (!path || !target) return g4_fail(err, G4_ERR_ARG, "drafter path and target are required");
+    g4_drafter *d;
+    g4_status st = g4_drafter_open(path, &d, NULL, err);
+    if (st) return st;
+    d->target = target;
+    if (!(st = resolve_sources(d, target, err))) st = g4_drafter_bind(d, err);
     if (st) {
         g4_drafter_free(d);
         return st;

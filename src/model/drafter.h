@@ -28,7 +28,25 @@ struct g4_drafter {
     g4_drafter_layer *layers;
     int *target_layer;             /* [layers]: the target layer whose cache each layer reads */
     float *arena;
+    size_t arena_cap;
 };
+
+/* Whether path holds a drafter: a drafter pack, or a folder whose config.json has model_type
+ * gemma4_assistant / gemma4_unified_assistant. */
+int g4_is_drafter_path(const char *path);
+/* Writes the drafter at in_path (any format g4_drafter_open reads) into w, dequantising row by
+ * row, integer tables as I64 (convert_drafter.c). w is consumed. */
+struct g4_model_writer;
+g4_status g4_convert_drafter(const char *in_path, const struct g4_model_writer *w, g4_error *err);
+
+/* The first half of g4_drafter_load, with no target: the config (DIR/config.json, or the one a
+ * pack carries) parsed and the weight source open in whatever format the path holds
+ * (safetensors, MLX affine, QAT, native pack). *config_json (may be NULL) receives the config
+ * text. The pack writer and drafter conversion then bind through a recording source. */
+g4_status g4_drafter_open(const char *path, struct g4_drafter **out, char **config_json, g4_error *err);
+/* Binds every weight from d->src; the target's hidden size is taken from the config
+ * (backbone_hidden_size, which g4_drafter_load has checked against the target). */
+g4_status g4_drafter_bind(struct g4_drafter *d, g4_error *err);
 
 /* Per-session scratch for drafting (allocated once). */
 typedef struct g4_draft_state {

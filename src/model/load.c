@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "formats/pack.h"
 #include "model/model.h"
 #include "util/error.h"
 
@@ -27,8 +28,7 @@ static int is_gguf_file(const char *path) {
     return ok;
 }
 
-g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
-    (void)opts;
+g4_status g4_model_open_unbound(const char *path, g4_model **out, g4_error *err) {
     *out = NULL;
     if (!path) return g4_fail(err, G4_ERR_ARG, "no model path given");
     g4_model *m = calloc(1, sizeof *m);
@@ -37,20 +37,38 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
         return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     }
     /* a GGUF file, or a directory holding model.gguf and no config.json */
-    char gguf[4096];
+    char gguf[4096], pack[4096];
     struct stat sb;
     snprintf(gguf, sizeof gguf, "%s/config.json", path);
     int dir_gguf = stat(gguf, &sb) != 0;
     snprintf(gguf, sizeof gguf, "%s/model.gguf", path);
     g4_status st;
-    if (is_gguf_file(path) || (dir_gguf && is_gguf_file(gguf))) {
+    if (g4_pack_resolve(path, pack, sizeof pack)) {
+        /* a native pack, or a directory holding model.g4p and no config.json */
+        char *json = NULL;
+        st = g4_source_open_pack(&m->src, pack, "model", &json, err);
+        if (!st) st = g4_config_parse(json, pack, &m->cfg, err);
+        free(json);
+    } else if (is_gguf_file(path) || (dir_gguf && is_gguf_file(gguf))) {
         st = g4_source_open_gguf(&m->src, is_gguf_file(path) ? path : gguf, &m->cfg, err);
     } else {
         st = g4_config_load(path, &m->cfg, err);
         if (!st) st = open_dir_source(m, path, err);
     }
-    if (!st) st = g4_model_bind(m, err);
     if (st) {
+        g4_model_free(m);
+        return st;
+    }
+    *out = m;
+    return G4_OK;
+}
+
+g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
+    (void)opts;
+    g4_model *m;
+    g4_status st = g4_model_open_unbound(path, &m, err);
+    if (st) return st;
+    if ((st = g4_model_bind(m, err))) {
         g4_model_free(m);
         return st;
     }

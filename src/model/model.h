@@ -62,6 +62,10 @@ g4_status g4_bind_mat(g4_binder *b, const char *name, int experts, int rows, int
 /* A vector of n floats converted into the arena. */
 g4_status g4_bind_vec(g4_binder *b, const char *name, int n, const float **out);
 
+/* g4_model_load without the binding: the config parsed and the weight source open (the pack
+ * writer slips a recording source in between). Free with g4_model_free. */
+g4_status g4_model_open_unbound(const char *path, struct g4_model **out, g4_error *err);
+
 /* Binds and checks every weight of m->cfg from m->src (used by g4_model_load). */
 g4_status g4_model_bind(struct g4_model *m, g4_error *err);
 #endif

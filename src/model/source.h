@@ -24,6 +24,10 @@ typedef struct g4_weight_source {
     /* *found = 0 (and G4_OK) when the tensor is absent; an error for one present but unusable. */
     g4_status (*find)(void *ctx, const char *name, g4_tensor_ref *out, int *found, g4_error *err);
     void (*close)(void *ctx);
+    /* Optional (NULL: the format holds no integer tensors): an integer vector of exactly n
+     * elements (index tables such as the drafter's token ordering) as int32 into out; *found = 0
+     * when absent. Values are not range-checked here. */
+    g4_status (*find_i32)(void *ctx, const char *name, int64_t n, int32_t *out, int *found, g4_error *err);
 } g4_weight_source;
 
 /* Hugging Face safetensors (bf16 / f16 / f32): DIR/model.safetensors or a sharded index. */
@@ -49,6 +53,39 @@ g4_status g4_source_open_gguf(g4_weight_source *src, const char *path, struct g4
 /* The same with tensors looked up by their full names (drafters mix "model.layers.*" with
  * top-level "pre_projection.weight"). */
 g4_status g4_source_open_safetensors_raw(g4_weight_source *src, const char *path, g4_error *err);
+/* find_i32 for safetensors-based sources: tensor `name` of archive a, I64 or I32 [n]. */
+struct g4_st_archive;
+g4_status g4_st_find_i32(const struct g4_st_archive *a, const char *name, int64_t n, int32_t *out, int *found,
+                         g4_error *err);
+
+struct g4_drafter_config;
+/* A drafter directory whose config.json announces MLX affine or QAT quantisation: the MLX / QAT
+ * source with tensors looked up by their full names (*handled = 1); *handled = 0 otherwise. */
+g4_status g4_source_open_quantized_drafter(g4_weight_source *src, const char *dir,
+                                           const struct g4_drafter_config *dc, int *handled, g4_error *err);
+g4_status g4_source_open_qat_drafter(g4_weight_source *src, const char *dir, const struct g4_drafter_config *dc,
+                                     g4_error *err);
+
+/* The native pack (source_pack.c, formats/pack.h): the file at path (a pack file, see
+ * g4_pack_resolve) mapped and every tensor of its manifest validated; tensors point into the map.
+ * kind: "model" or "drafter" (a pack of the other kind is refused). *config_json receives the
+ * packed config.json text (heap; the caller frees). */
+g4_status g4_source_open_pack(g4_weight_source *src, const char *path, const char *kind, char **config_json,
+                              g4_error *err);
+
+/* A source that forwards to `inner` (whose ownership it takes) and records every tensor found,
+ * float or integer, in the order asked: what the pack writer and drafter conversion walk after a
+ * bind. Recorded references stay valid until the source is closed. */
+typedef struct g4_recorded_tensor {
+    g4_tensor_ref ref;      /* ref.name: the name asked for (not the file's) */
+    int is_int;             /* an integer vector: ints[n] */
+    int64_t n;
+    int32_t *ints;
+} g4_recorded_tensor;
+g4_status g4_source_open_recorder(g4_weight_source *src, const g4_weight_source *inner, g4_error *err);
+/* The tensors recorded so far (NULL, 0 when src is not a recorder). */
+const g4_recorded_tensor *g4_source_recorded(const g4_weight_source *src, int *n);
+
 /* The archive behind a safetensors source (for non-float tensors such as index tables); NULL for
  * other sources. */
 struct g4_st_archive;

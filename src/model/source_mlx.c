@@ -19,7 +19,10 @@
  *  - KV-shared layers carry no k/v projections (mlx-vlm drops them; the engine never reads them);
  *  - some mlx-lm versions store the per-layer-input table split by layer
  *    ("language_model.embed_tokens_per_layer.{i}.weight", [V, P] each, to stay under Metal's 4 GB
- *    buffer limit); those are interleaved back into one [V, L·P] table in memory owned here. */
+ *    buffer limit); those are interleaved back into one [V, L·P] table in memory owned here;
+ *  - drafters (g4_source_open_quantized_drafter) keep their Hugging Face names
+ *    ("pre_projection.weight", "model.layers.0.mlp.up_proj.weight", ...): looked up with no prefix,
+ *    per-module overrides keyed by those names, the token ordering as an I64/I32 tensor. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,6 +416,13 @@ static g4_status mlx_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     return dense_ref(out->file, t, out, err);
 }
 
+static g4_status mlx_find_i32(void *ctx, const char *name, int64_t n, int32_t *out, int *found, g4_error *err) {
+    mlx_source *s = ctx;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", s->prefix, name);
+    return g4_st_find_i32(&s->st, full, n, out, found, err);
+}
+
 static void mlx_close(void *ctx) {
     mlx_source *s = ctx;
     for (int i = 0; i < s->n_owned; i++) free(s->owned[i]);
@@ -422,7 +432,8 @@ static void mlx_close(void *ctx) {
     free(s);
 }
 
-g4_status g4_source_open_mlx(g4_weight_source *src, const char *dir, g4_error *err) {
+/* raw: tensors are asked for by their full names (drafters), so no prefix is looked for */
+static g4_status open_mlx(g4_weight_source *src, const char *dir, int raw, g4_error *err) {
     memset(src, 0, sizeof *src);
     mlx_source *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
@@ -454,7 +465,7 @@ g4_status g4_source_open_mlx(g4_weight_source *src, const char *dir, g4_error *e
     }
     /* the prefix the text model's tensors carry ("embed_tokens.*" or "layers.*" after it) */
     s->prefix = "";
-    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes && !*s->prefix; i++)
+    for (size_t i = 0; !raw && i < sizeof prefixes / sizeof *prefixes && !*s->prefix; i++)
         for (int k = 0; k < s->st.n_tensors; k++) {
             const char *n = s->st.tensors[k].name;
             size_t pl = strlen(prefixes[i]);
@@ -467,14 +478,21 @@ g4_status g4_source_open_mlx(g4_weight_source *src, const char *dir, g4_error *e
     src->path = s->st.dir;
     src->find = mlx_find;
     src->close = mlx_close;
+    src->find_i32 = mlx_find_i32;
     return G4_OK;
+}
+
+g4_status g4_source_open_mlx(g4_weight_source *src, const char *dir, g4_error *err) {
+    return open_mlx(src, dir, 0, err);
 }
 
 /* ---- which source a checkpoint directory needs ---------------------------------------------- */
 
-g4_status g4_source_open_quantized(g4_weight_source *src, const char *dir, const g4_config *cfg, int *handled,
-                                   g4_error *err) {
-    *handled = 0;
+enum { Q_NONE, Q_MLX, Q_QAT };
+
+/* What config.json announces: MLX's "quantization", QAT's quant_method "gemma", or nothing. */
+static g4_status quant_kind(const char *dir, int *kind, g4_error *err) {
+    *kind = Q_NONE;
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     char *text = NULL;
@@ -496,14 +514,24 @@ g4_status g4_source_open_quantized(g4_weight_source *src, const char *dir, const
                      cJSON_IsString(method) ? "\"" : "", cJSON_IsString(method) ? method->valuestring : "(not a string)",
                      cJSON_IsString(method) ? "\"" : "");
     cJSON_Delete(root);
-    if (st) return st;
-    if (mlx) {
-        *handled = 1;
-        return g4_source_open_mlx(src, dir, err);
-    }
-    if (qat) {
-        *handled = 1;
-        return g4_source_open_qat(src, dir, cfg, err);
-    }
-    return G4_OK;
+    *kind = mlx ? Q_MLX : qat ? Q_QAT : Q_NONE;
+    return st;
+}
+
+g4_status g4_source_open_quantized(g4_weight_source *src, const char *dir, const g4_config *cfg, int *handled,
+                                   g4_error *err) {
+    int kind;
+    g4_status st = quant_kind(dir, &kind, err);
+    *handled = !st && kind != Q_NONE;
+    if (st || !*handled) return st;
+    return kind == Q_MLX ? g4_source_open_mlx(src, dir, err) : g4_source_open_qat(src, dir, cfg, err);
+}
+
+g4_status g4_source_open_quantized_drafter(g4_weight_source *src, const char *dir, const g4_drafter_config *dc,
+                                           int *handled, g4_error *err) {
+    int kind;
+    g4_status st = quant_kind(dir, &kind, err);
+    *handled = !st && kind != Q_NONE;
+    if (st || !*handled) return st;
+    return kind == Q_MLX ? open_mlx(src, dir, 1, err) : g4_source_open_qat_drafter(src, dir, dc, err);
 }

@@ -32,6 +32,7 @@ typedef struct {
     g4_st_archive st;
     const char *prefix;
     const g4_config *cfg;
+    const g4_drafter_config *dc; /* drafters: full names ("model.layers.0...", "pre_projection.weight") */
     g4_dtype model_dtype;   /* config.json "dtype": what dequantised embeddings are rounded to */
 } qat_source;
 
@@ -56,6 +57,15 @@ static int64_t expected_cols(const g4_config *c, const char *name) {
     if (!strcmp(r, "mlp.down_proj.weight")) return lc->mlp_width;
     if (!strcmp(r, "per_layer_projection.weight")) return P;
     return -1;
+}
+
+/* The same for a drafter's full tensor names. */
+static int64_t drafter_cols(const g4_drafter_config *d, const char *name) {
+    if (!strcmp(name, "pre_projection.weight")) return 2 * (int64_t)d->backbone_hidden;
+    if (!strcmp(name, "post_projection.weight") || !strcmp(name, "masked_embedding.centroids.weight") ||
+        !strcmp(name, "model.embed_tokens.weight"))
+        return d->text.hidden;
+    return strncmp(name, "model.", 6) ? -1 : expected_cols(&d->text, name + 6);
 }
 
 static g4_status dense_ref(const char *file, const g4_st_tensor *t, g4_tensor_ref *out, g4_error *err) {
@@ -170,15 +180,17 @@ static g4_status qat_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     const char *pre = head ? "" : s->prefix;
     size_t n = strlen(name);
     char sname[320];
+    int64_t in = s->dc ? drafter_cols(s->dc, name) : expected_cols(s->cfg, name);
     /* embeddings: X.embedding_quantized + X.embedding_scale */
-    if (!strcmp(name, "embed_tokens.weight") || !strcmp(name, "embed_tokens_per_layer.weight")) {
+    if (!strcmp(name, "embed_tokens.weight") || !strcmp(name, "embed_tokens_per_layer.weight") ||
+        (s->dc && !strcmp(name, "model.embed_tokens.weight"))) {
         snprintf(out->name, sizeof out->name, "%s%.*sembedding_quantized", pre, (int)(n - 6), name);
         const g4_st_tensor *w = g4_st_find(&s->st, out->name);
         if (w) {
             *found = 1;
             out->file = s->st.file_names[w->file];
             snprintf(sname, sizeof sname, "%s%.*sembedding_scale", pre, (int)(n - 6), name);
-            return symm_ref(s, w, sname, g4_st_find(&s->st, sname), expected_cols(s->cfg, name), out, err);
+            return symm_ref(s, w, sname, g4_st_find(&s->st, sname), in, out, err);
         }
     }
     snprintf(out->name, sizeof out->name, "%s%s", pre, name);
@@ -191,7 +203,7 @@ static g4_status qat_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     char base[300];
     snprintf(base, sizeof base, "%s%.*s", pre, (int)(n - 7), name);
     snprintf(sname, sizeof sname, "%s.weight_scale", base);
-    g4_status st = symm_ref(s, t, sname, g4_st_find(&s->st, sname), expected_cols(s->cfg, name), out, err);
+    g4_status st = symm_ref(s, t, sname, g4_st_find(&s->st, sname), in, out, err);
     if (st) return st;
     if (out->mat.scale_stride != 1)
         return g4_fail(err, G4_ERR_TENSOR, "%s: '%s' must be [%d, 1]: linear layers have one scale per output channel",
@@ -201,6 +213,13 @@ static g4_status qat_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     if ((st = read_scalar(s, an, &out->mat.in_act_scale, err))) return st;
     snprintf(an, sizeof an, "%s.output_activation_scale", base);
     return read_scalar(s, an, &out->mat.out_act_scale, err);
+}
+
+static g4_status qat_find_i32(void *ctx, const char *name, int64_t n, int32_t *out, int *found, g4_error *err) {
+    qat_source *s = ctx;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", s->prefix, name);
+    return g4_st_find_i32(&s->st, full, n, out, found, err);
 }
 
 static void qat_close(void *ctx) {
@@ -261,5 +280,16 @@ g4_status g4_source_open_qat(g4_weight_source *src, const char *dir, const g4_co
     src->path = s->st.dir;
     src->find = qat_find;
     src->close = qat_close;
+    src->find_i32 = qat_find_i32;
+    return G4_OK;
+}
+
+g4_status g4_source_open_qat_drafter(g4_weight_source *src, const char *dir, const g4_drafter_config *dc,
+                                     g4_error *err) {
+    g4_status st = g4_source_open_qat(src, dir, &dc->text, err);
+    if (st) return st;
+    qat_source *s = src->ctx;
+    s->dc = dc;
+    s->prefix = "";
     return G4_OK;
 }

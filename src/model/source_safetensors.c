@@ -1,4 +1,5 @@
 /* The weight source for Hugging Face safetensors checkpoints in bf16, f16 or f32. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,32 @@ static g4_status st_find(void *ctx, const char *name, g4_tensor_ref *out, int *f
     return G4_OK;
 }
 
+g4_status g4_st_find_i32(const g4_st_archive *a, const char *name, int64_t n, int32_t *out, int *found,
+                         g4_error *err) {
+    const g4_st_tensor *t = g4_st_find(a, name);
+    *found = t != NULL;
+    if (!t) return G4_OK;
+    const char *file = a->file_names[t->file];
+    if (t->ndim != 1 || t->shape[0] != n || (t->dtype != G4_DT_I64 && t->dtype != G4_DT_I32))
+        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' must be an integer (I64 or I32) vector [%lld]", file, name,
+                       (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v = t->dtype == G4_DT_I64 ? ((const int64_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+        if (v < INT32_MIN || v > INT32_MAX)
+            return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s'[%lld] = %lld does not fit 32 bits", file, name,
+                           (long long)i, (long long)v);
+        out[i] = (int32_t)v;
+    }
+    return G4_OK;
+}
+
+static g4_status st_find_i32(void *ctx, const char *name, int64_t n, int32_t *out, int *found, g4_error *err) {
+    st_source *s = ctx;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", s->prefix, name);
+    return g4_st_find_i32(&s->st, full, n, out, found, err);
+}
+
 static void st_close(void *ctx) {
     st_source *s = ctx;
     g4_st_close(&s->st);
@@ -61,6 +88,7 @@ static g4_status open_source(g4_weight_source *src, const char *dir, st_source *
     src->path = s->st.dir;
     src->find = st_find;
     src->close = st_close;
+    src->find_i32 = st_find_i32;
     *out = s;
     return G4_OK;
 }

@@ -9,6 +9,7 @@
 
 #include "cpu/kernels.h"
 #include "cpu/quant.h"
+#include "model/drafter.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
@@ -404,6 +405,7 @@ static g4_status conv_fill_fn(void *ctx, const g4_tensor_desc *t, int64_t r0, in
 }
 
 g4_status g4_convert(const char *in_path, const g4_model_writer *w, int n_threads, g4_error *err) {
+    if (g4_is_drafter_path(in_path)) return g4_convert_drafter(in_path, w, err);
     conv_fill f = {0};
     char *json = NULL;
     g4_status st = g4_model_load(in_path, NULL, &f.m, err);

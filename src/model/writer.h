@@ -27,6 +27,11 @@ typedef struct g4_model_writer {
      * (E2B's 262144 x 8960 per-layer embedding) stream in chunks. */
     g4_status (*write_rows)(void *ctx, const char *name, int64_t row0, int64_t n_rows, const float *data,
                             g4_error *err);
+    /* Optional (NULL: the format cannot hold them): an integer vector of n elements stored as I64
+     * under `name` as given (the drafter's masked_embedding.token_ordering). Declared before
+     * begin, written once, after the float tensors. */
+    g4_status (*declare_i64)(void *ctx, const char *name, int64_t n, g4_error *err);
+    g4_status (*write_i64)(void *ctx, const char *name, const int64_t *values, g4_error *err);
 } g4_model_writer;
 
 /* ---- the writer registry (writer_registry.c) ------------------------------------------------ */

@@ -50,8 +50,16 @@ static g4_status mlx_set_config(void *ctx, const char *json, g4_error *err) {
     free(w->config);
     if (!(w->config = strdup(json))) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     int mm = w->layout ? w->layout == 2 : g4_writer_config_is_multimodal(json);
-    w->prefix = mm ? "language_model.model." : "model.";
+    w->prefix = g4_writer_config_is_drafter(json) ? "" : mm ? "language_model.model." : "model.";
     return G4_OK;
+}
+
+static g4_status mlx_declare_i64(void *ctx, const char *name, int64_t n, g4_error *err) {
+    return g4_wst_declare_i64(((mlx_writer *)ctx)->file, name, n, err);
+}
+
+static g4_status mlx_write_i64(void *ctx, const char *name, const int64_t *v, g4_error *err) {
+    return g4_wst_write_i64(((mlx_writer *)ctx)->file, name, v, err);
 }
 
 static g4_status grow(mlx_writer *w, g4_error *err) {
@@ -353,6 +361,8 @@ g4_status g4_writer_open_mlx(const char *format, const char *out_dir, const g4_w
     out->begin = mlx_begin;
     out->write = mlx_write;
     out->write_rows = mlx_write_rows;
+    out->declare_i64 = mlx_declare_i64;
+    out->write_i64 = mlx_write_i64;
     out->finish = mlx_finish;
     out->abort = mlx_abort;
     return G4_OK;

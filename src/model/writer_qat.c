@@ -62,12 +62,29 @@ static g4_status qat_set_config(void *ctx, const char *json, g4_error *err) {
     if (w->have_cfg) g4_config_free(&w->cfg);
     w->have_cfg = 0;
     if (!(w->config = strdup(json))) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    if (g4_writer_config_is_drafter(json)) { /* names as given; the drafter's own stack decides bits */
+        g4_drafter_config dc;
+        g4_status st = g4_drafter_config_parse(json, "config given to the QAT writer", &dc, err);
+        if (st) return st;
+        w->cfg = dc.text;
+        w->have_cfg = 1;
+        w->prefix = "";
+        return G4_OK;
+    }
     g4_status st = g4_config_parse(json, "config given to the QAT writer", &w->cfg, err);
     if (st) return st;
     w->have_cfg = 1;
     w->multimodal = w->layout ? w->layout == 2 : g4_writer_config_is_multimodal(json);
     w->prefix = w->multimodal ? "model.language_model." : "model.";
     return G4_OK;
+}
+
+static g4_status qat_declare_i64(void *ctx, const char *name, int64_t n, g4_error *err) {
+    return g4_wst_declare_i64(((qat_writer *)ctx)->file, name, n, err);
+}
+
+static g4_status qat_write_i64(void *ctx, const char *name, const int64_t *v, g4_error *err) {
+    return g4_wst_write_i64(((qat_writer *)ctx)->file, name, v, err);
 }
 
 /* The mixed recipe's bits for a linear (relative name), 0 to keep it float. */
@@ -381,6 +398,8 @@ g4_status g4_writer_open_qat(const char *format, const char *out_dir, const g4_w
     out->begin = qat_begin;
     out->write = qat_write;
     out->write_rows = qat_write_rows;
+    out->declare_i64 = qat_declare_i64;
+    out->write_i64 = qat_write_i64;
     out->finish = qat_finish;
     out->abort = qat_abort;
     return G4_OK;

@@ -84,6 +84,24 @@ g4_status g4_wst_declare(g4_wst *w, const char *name, g4_dtype dtype, int ndim, 
 
 size_t g4_wst_part_bytes(const g4_wst *w, int part) { return w->parts[part].bytes; }
 
+int g4_wst_find(const g4_wst *w, const char *name) {
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->parts[i].name, name)) return i;
+    return -1;
+}
+
+g4_status g4_wst_declare_i64(g4_wst *w, const char *name, int64_t n, g4_error *err) {
+    int part;
+    return g4_wst_declare(w, name, G4_DT_I64, 1, &n, &part, err);
+}
+
+g4_status g4_wst_write_i64(g4_wst *w, const char *name, const int64_t *values, g4_error *err) {
+    int part = g4_wst_find(w, name);
+    if (part < 0 || w->parts[part].dtype != G4_DT_I64)
+        return g4_fail(err, G4_ERR_ARG, "%s: integer tensor '%s' was not declared", w->path, name);
+    return g4_wst_put(w, part, values, w->parts[part].bytes, err);
+}
+
 /* Moves small parts of 2 mod 4 bytes so that no part with 4-byte elements starts misaligned. */
 static g4_status plan_order(g4_wst *w, g4_error *err) {
     w->order = malloc(sizeof(int) * (size_t)(w->n ? w->n : 1));
@@ -238,6 +256,14 @@ g4_status g4_writer_write_text(const char *dir, const char *name, const char *te
     return G4_OK;
 }
 
+int g4_writer_config_is_drafter(const char *json) {
+    cJSON *root = cJSON_Parse(json);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    int d = cJSON_IsString(mt) && strstr(mt->valuestring, "_assistant") != NULL;
+    cJSON_Delete(root);
+    return d;
+}
+
 int g4_writer_config_is_multimodal(const char *json) {
     cJSON *root = cJSON_Parse(json);
     int mm = root && cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(root, "text_config"));
@@ -258,6 +284,19 @@ g4_status g4_writer_config_json(const char *json, int multimodal, const cJSON *e
         return g4_fail(err, G4_ERR_CONFIG, "config.json given to the writer is not a JSON object");
     }
     cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    const cJSON *top_mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (cJSON_IsString(top_mt) && strstr(top_mt->valuestring, "_assistant")) {
+        /* a drafter keeps its own shape (text_config, backbone_hidden_size, ...) */
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization");
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "quantization_config");
+        for (const cJSON *e = extra ? extra->child : NULL; e; e = e->next) {
+            cJSON_DeleteItemFromObjectCaseSensitive(root, e->string);
+            cJSON_AddItemToObject(root, e->string, cJSON_Duplicate(e, 1));
+        }
+        *out = cJSON_Print(root);
+        cJSON_Delete(root);
+        return *out ? G4_OK : g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    }
     int was_mm = cJSON_IsObject(tc);
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(was_mm ? tc : root, "model_type");
     if (!cJSON_IsString(mt)) mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -317,6 +356,7 @@ typedef struct {
     char *dir;
     g4_dtype dtype;
     int layout;          /* 0 default (text-only), 1 text-only, 2 multimodal */
+    int drafter;         /* names as given */
     char *config;        /* as given */
     g4_wst *file;
     /* declared tensors, in order */
@@ -341,7 +381,16 @@ static g4_status hf_set_config(void *ctx, const char *json, g4_error *err) {
     hf_writer *w = ctx;
     free(w->config);
     if (!(w->config = strdup(json))) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    w->drafter = g4_writer_config_is_drafter(json);
     return G4_OK;
+}
+
+static g4_status hf_declare_i64(void *ctx, const char *name, int64_t n, g4_error *err) {
+    return g4_wst_declare_i64(((hf_writer *)ctx)->file, name, n, err);
+}
+
+static g4_status hf_write_i64(void *ctx, const char *name, const int64_t *v, g4_error *err) {
+    return g4_wst_write_i64(((hf_writer *)ctx)->file, name, v, err);
 }
 
 static g4_status hf_declare(void *ctx, const char *name, int ndim, const int64_t *shape, g4_error *err) {
@@ -357,7 +406,7 @@ static g4_status hf_declare(void *ctx, const char *name, int ndim, const int64_t
     struct hf_tensor *t = &w->t[w->n];
     memset(t, 0, sizeof *t);
     char full[512];
-    snprintf(full, sizeof full, "%s%s", hf_multimodal(w) ? "model.language_model." : "model.", name);
+    snprintf(full, sizeof full, "%s%s", w->drafter ? "" : hf_multimodal(w) ? "model.language_model." : "model.", name);
     g4_status st = g4_wst_declare(w->file, full, w->dtype, ndim, shape, &t->part, err);
     if (st) return st;
     if (!(t->name = strdup(name))) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
@@ -504,6 +553,8 @@ g4_status g4_writer_open_safetensors(const char *format, const char *out_dir, co
     out->begin = hf_begin;
     out->write = hf_write;
     out->write_rows = hf_write_rows;
+    out->declare_i64 = hf_declare_i64;
+    out->write_i64 = hf_write_i64;
     out->finish = hf_finish;
     out->abort = hf_abort;
     return G4_OK;

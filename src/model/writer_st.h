@@ -26,6 +26,11 @@ g4_status g4_wst_begin(g4_wst *w, g4_error *err);
 /* Appends n bytes to a part. */
 g4_status g4_wst_put(g4_wst *w, int part, const void *data, size_t n, g4_error *err);
 size_t g4_wst_part_bytes(const g4_wst *w, int part);
+/* The part declared under name, or -1. */
+int g4_wst_find(const g4_wst *w, const char *name);
+/* declare_i64 / write_i64 of the g4_model_writer interface for writers built on a g4_wst. */
+g4_status g4_wst_declare_i64(g4_wst *w, const char *name, int64_t n, g4_error *err);
+g4_status g4_wst_write_i64(g4_wst *w, const char *name, const int64_t *values, g4_error *err);
 /* Checks every part is complete, closes and frees (also on error). */
 g4_status g4_wst_finish(g4_wst *w, g4_error *err);
 void g4_wst_abort(g4_wst *w);
@@ -43,6 +48,10 @@ g4_status g4_writer_write_text(const char *dir, const char *name, const char *te
 struct cJSON;
 g4_status g4_writer_config_json(const char *json, int multimodal, const struct cJSON *extra, char **out,
                                 g4_error *err);
+/* Whether a config.json text is a drafter's (model_type gemma4_assistant / gemma4_unified_assistant):
+ * writers then keep every tensor name as given (drafters mix "model.layers.*" with top-level
+ * "pre_projection.weight") and g4_writer_config_json keeps the config's shape. */
+int g4_writer_config_is_drafter(const char *json);
 /* Whether a config.json text describes the multimodal layout (has text_config). */
 int g4_writer_config_is_multimodal(const char *json);
 

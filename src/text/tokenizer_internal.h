@@ -54,6 +54,10 @@ struct g4_tokenizer {
     int32_t bos, eos, pad, unk;
 };
 
+/* tokenizer.json text already in memory (size bytes, no terminator needed); path names it in errors. */
+g4_status g4_tokenizer_load_json_mem(const char *data, size_t size, const char *path, g4_tokenizer **out,
+                                     g4_error *err);
+
 /* Loader steps, in order: tok_create, tok_set_piece for every id, tok_index_vocab,
  * tok_add_merge for every merge (rank = call order), tok_finish. src names the file in errors. */
 g4_status tok_create(int32_t n_vocab, g4_tokenizer **out, const char *src, g4_error *err);

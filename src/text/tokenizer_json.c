@@ -686,13 +686,12 @@ static g4_status build(g4_json *j, const json_layout *lay, g4_tokenizer **out, c
     return G4_OK;
 }
 
-g4_status g4_tokenizer_load_json(const char *path, g4_tokenizer **out, g4_error *err) {
+g4_status g4_tokenizer_load_json_mem(const char *data, size_t size, const char *path, g4_tokenizer **out,
+                                     g4_error *err) {
     *out = NULL;
-    g4_mapped_file f;
-    g4_status st = g4_mapped_file_open(&f, path, err);
-    if (st) return st;
+    g4_status st;
     g4_json j;
-    g4_json_init(&j, (const char *)f.data, f.size, path, err);
+    g4_json_init(&j, data, size, path, err);
     json_layout lay = {0};
     st = g4_json_expect(&j, '{', "the top level");
     bool first = true, done;
@@ -715,6 +714,15 @@ g4_status g4_tokenizer_load_json(const char *path, g4_tokenizer **out, g4_error 
         st = g4_fail(err, G4_ERR_FORMAT, "%s: no model.vocab: not a BPE tokenizer.json", path);
     if (!st) st = build(&j, &lay, out, path, err);
     g4_json_free(&j);
+    return st;
+}
+
+g4_status g4_tokenizer_load_json(const char *path, g4_tokenizer **out, g4_error *err) {
+    *out = NULL;
+    g4_mapped_file f;
+    g4_status st = g4_mapped_file_open(&f, path, err);
+    if (st) return st;
+    st = g4_tokenizer_load_json_mem((const char *)f.data, f.size, path, out, err);
     g4_mapped_file_close(&f);
     return st;
 }
