@@ -44,7 +44,10 @@ const char *g4_status_name(g4_status s);
 typedef struct g4_model g4_model;
 
 typedef struct g4_model_options {
-    int reserved; /* zero-initialise; room for future options without breaking the ABI */
+    /* 0 (default): quantised matrices with a faster CPU layout (Q4_0, Q4_1, Q8_0, 4/8-bit MLX
+     * and QAT) are repacked into it at load (a copy in memory, bitwise the same results).
+     * 1: every matrix stays in the file's layout, memory-mapped (e.g. for a GPU session). */
+    int keep_layout;
 } g4_model_options;
 
 /* path: a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded

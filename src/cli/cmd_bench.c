@@ -12,6 +12,7 @@
 #include "g4.h"
 #include "model/synth.h"
 #include "model/synth_drafter.h"
+#include "runtime/session.h"
 #include "util/bandwidth.h"
 #include "util/error.h"
 
@@ -30,6 +31,7 @@ static void bench_usage(FILE *f) {
             "  --gen N              decode tokens timed per context (default 32)\n"
             "  --threads N          worker threads (default: all CPUs)\n"
             "  --no-verify          skip the verify-block table\n"
+            "  --profile            after each decode row, where a token's time went (CPU)\n"
             "  --alpha LIST         speculative decoding with drafts right with probability alpha (e.g.\n"
             "                       0,0.5,0.7,0.9,1): the drafter runs, its proposals are replaced by the\n"
             "                       target's own future greedy tokens, corrupted with probability 1-alpha\n"
@@ -143,7 +145,7 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
-    int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4;
+    int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -169,6 +171,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--alpha") && v) alpha_list = argv[++i];
         else if (!strcmp(a, "--draft") && v) draft_dir = argv[++i];
         else if (!strcmp(a, "--no-verify")) verify = 0;
+        else if (!strcmp(a, "--profile")) profile = 1;
         else {
             fprintf(stderr, "g4 bench: unknown option or missing value: '%s'\n", a);
             bench_usage(stderr);
@@ -236,6 +239,8 @@ int cmd_bench(int argc, char **argv) {
         if (g4_session_forward(s, toks, c, G4_LOGITS_LAST, logits, &err)) goto fail;
         double pre = now() - a;
         int32_t t = argmax(logits, info.vocab);
+        s->st.profile = profile && !s->cuda;
+        memset(s->st.prof, 0, sizeof s->st.prof);
         a = now();
         for (int i = 0; i < gen; i++) {
             if (g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, &err)) goto fail;
@@ -245,6 +250,12 @@ int cmd_bench(int argc, char **argv) {
         double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2);
         printf("%8d %12.1f %12.2f %12.2f %10.1f %7.0f%%\n", c, c / pre, 1 / dec, dec * 1e3, bytes / dec / 1e9,
                100 * bytes / dec / 1e9 / bw);
+        if (s->st.profile) {
+            static const char *const cls[G4_PROF_N] = {"matmul", "attention", "lm head", "gelu/softcap", "other"};
+            printf("%8s ", "");
+            for (int k = 0; k < G4_PROF_N; k++) printf(" %s %.2f ms%s", cls[k], s->st.prof[k] / gen * 1e3, k + 1 < G4_PROF_N ? "," : "\n");
+            s->st.profile = 0;
+        }
         fflush(stdout);
     }
     if (verify) {

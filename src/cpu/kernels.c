@@ -295,9 +295,18 @@ void g4_wblock_get(const g4_mat *w, int r, int b, g4_wblock *o) {
     }
     case G4_W_AFFINE: case G4_W_SYMM: {
         int bits = w->bits;
-        for (int i = 0; i < 32; i++) {
-            unsigned c = g4_stream_code(p, 32L * b + i, bits);
-            o->u[i] = (uint8_t)(w->type == G4_W_SYMM && bits == 8 ? c ^ 0x80 : c);
+        if (w->split && bits == 4) {
+            for (int e = 0; e < 16; e++) {
+                o->u[e] = p[16 * b + e] & 15;
+                o->u[16 + e] = p[16 * b + e] >> 4;
+            }
+        } else if (w->split) {
+            memcpy(o->u, p + 32 * b, 32);
+        } else {
+            for (int i = 0; i < 32; i++) {
+                unsigned c = g4_stream_code(p, 32L * b + i, bits);
+                o->u[i] = (uint8_t)(w->type == G4_W_SYMM && bits == 8 ? c ^ 0x80 : c);
+            }
         }
         size_t g = w->group > 0 ? (size_t)32 * b / (size_t)w->group : 0, si = (size_t)r * w->scale_stride + g;
         o->sw = g4_scale_at(w->scales, w->scale_dtype, si);
@@ -425,6 +434,89 @@ void g4_matmul_isa(g4_isa isa, g4_threadpool *pool, const g4_mat *w, const float
     }
 }
 
+/* ---- several matrices over one input ---------------------------------------------------------- */
+
+/* Whether one prepared input serves both matrices. */
+static int prep_compatible(const g4_mat *a, const g4_mat *b) {
+    if (a->cols != b->cols || g4_wtype_is_int(a->type) != g4_wtype_is_int(b->type)) return 0;
+    if (!g4_wtype_is_int(a->type)) return 1;
+    return g4_wtype_offset(a) == g4_wtype_offset(b) && g4_wtype_additive(a->type) == g4_wtype_additive(b->type) &&
+           (a->type == G4_W_Q6_K) == (b->type == G4_W_Q6_K);
+}
+
+enum { MULTI_UNIT = 16, MULTI_MAX = 4 };
+
+typedef struct {
+    rows_fn fn;
+    g4_rows_args args[MULTI_MAX];
+    int n, ustart[MULTI_MAX + 1]; /* part i owns units [ustart[i], ustart[i+1]) */
+    g4_mm_epilogue epi;
+    void *epi_ctx;
+} multi_job;
+
+static void multi_range(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
+    const multi_job *j = ctx;
+    if (j->epi) { /* pairs: the same rows of both, then the epilogue over them */
+        int r0 = u0 * MULTI_UNIT, r1 = u1 * MULTI_UNIT;
+        if (r1 > j->args[0].w->rows) r1 = j->args[0].w->rows;
+        j->fn(&j->args[0], r0, r1);
+        j->fn(&j->args[1], r0, r1);
+        j->epi(j->epi_ctx, r0, r1);
+        return;
+    }
+    for (int i = 0; i < j->n; i++) {
+        int a = u0 > j->ustart[i] ? u0 : j->ustart[i], b = u1 < j->ustart[i + 1] ? u1 : j->ustart[i + 1];
+        if (a >= b) continue;
+        int rows = j->args[i].w->rows, r0 = (a - j->ustart[i]) * MULTI_UNIT, r1 = (b - j->ustart[i]) * MULTI_UNIT;
+        j->fn(&j->args[i], r0, r1 < rows ? r1 : rows);
+    }
+}
+
+void g4_matmul_multi(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
+                     void *epi_ctx) {
+    int ok = n >= 1 && n <= MULTI_MAX && M <= PREP_CHUNK && (!epi || (n == 2 && parts[0].w->rows == parts[1].w->rows));
+    for (int i = 1; i < n && ok; i++) ok = prep_compatible(parts[0].w, parts[i].w);
+    if (!ok) {
+        for (int i = 0; i < n; i++) g4_matmul(pool, parts[i].w, x, M, parts[i].y, parts[i].ldy);
+        if (epi) epi(epi_ctx, 0, parts[0].w->rows);
+        return;
+    }
+    g4_isa isa = g4_isa_best();
+    const g4_mat *w0 = parts[0].w;
+    multi_job j = {.fn = isa == G4_ISA_AVX512 ? g4_rows_avx512 : isa == G4_ISA_AVX2 ? g4_rows_avx2 : g4_rows_scalar,
+                   .n = n, .epi = epi, .epi_ctx = epi_ctx};
+    _Alignas(64) uint8_t stack_buf[48 << 10];
+    void *mem = NULL;
+    g4_xprep xp;
+    int is_int = g4_wtype_is_int(w0->type);
+    if (is_int) {
+        size_t need = xprep_bytes(w0, M);
+        for (int i = 1; i < n; i++) /* the largest layout any part asks for (additive types add xs) */
+            if (xprep_bytes(parts[i].w, M) > need) need = xprep_bytes(parts[i].w, M);
+        if (need > sizeof stack_buf && !(mem = malloc(need))) {
+            for (int i = 0; i < n; i++) g4_matmul(pool, parts[i].w, x, M, parts[i].y, parts[i].ldy);
+            if (epi) epi(epi_ctx, 0, w0->rows);
+            return;
+        }
+        xprep_layout(w0, M, mem ? mem : stack_buf, &xp);
+        xprep_job pj = {isa, w0, x, &xp};
+        if (!pool || M < 4) xprep_range(&pj, 0, M, 0);
+        else g4_parallel_for(pool, M, 1, xprep_range, &pj);
+    }
+    long work = 0;
+    j.ustart[0] = 0;
+    for (int i = 0; i < n; i++) {
+        j.args[i] = (g4_rows_args){parts[i].w, is_int ? NULL : x, is_int ? &xp : NULL, M, parts[i].ldy, parts[i].y};
+        j.ustart[i + 1] = j.ustart[i] + (epi && i == 1 ? 0 : (parts[i].w->rows + MULTI_UNIT - 1) / MULTI_UNIT);
+        work += (long)parts[i].w->rows * parts[i].w->cols;
+    }
+    int units = epi ? j.ustart[1] : j.ustart[n];
+    if (!pool || work * (M < 4 ? M : 4) < 32768) multi_range(&j, 0, units, 0);
+    else g4_parallel_for(pool, units, 1, multi_range, &j);
+    free(mem);
+}
+
 void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy) {
     g4_matmul_isa(g4_isa_best(), pool, w, x, M, y, ldy);
 }
@@ -434,6 +526,15 @@ void g4_mat_row_f32(const g4_mat *w, int row, float *out) {
     switch (w->type) {
     case G4_W_AFFINE: case G4_W_SYMM: {
         int off = w->type == G4_W_SYMM ? 1 << (w->bits - 1) : 0;
+        if (w->split) {
+            for (int b = 0; b < w->cols / 32; b++) {
+                g4_wblock wb;
+                g4_wblock_get(w, row, b, &wb);
+                for (int i = 0; i < 32; i++)
+                    out[32 * b + i] = w->type == G4_W_SYMM ? wb.sw * (float)(wb.u[i] - off) : wb.sw * (float)wb.u[i] + wb.bw;
+            }
+            break;
+        }
         for (int c = 0; c < w->cols; c++) {
             size_t g = w->group > 0 ? (size_t)c / (size_t)w->group : 0, si = (size_t)row * w->scale_stride + g;
             int q = (int)g4_stream_code(p, c, w->bits);
@@ -454,6 +555,8 @@ void g4_mat_row_f32(const g4_mat *w, int row, float *out) {
 g4_status g4_mat_validate(const g4_mat *w, g4_error *err) {
     if (w->type >= G4_W_COUNT) return g4_fail(err, G4_ERR_TENSOR, "unknown weight type %d", (int)w->type);
     const char *tn = g4_wtype_name(w->type);
+    if (w->split && w->type != G4_W_AFFINE && w->type != G4_W_SYMM)
+        return g4_fail(err, G4_ERR_TENSOR, "%s: only affine and symmetric matrices have a split layout", tn);
     if (w->rows <= 0 || w->cols <= 0) return g4_fail(err, G4_ERR_TENSOR, "%s matrix with shape [%d, %d]", tn, w->rows, w->cols);
     size_t need = g4_wtype_row_bytes(w->type, w->cols, w->bits);
     if (!need)
@@ -469,6 +572,8 @@ g4_status g4_mat_validate(const g4_mat *w, g4_error *err) {
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales%s missing", tn, w->type == G4_W_AFFINE ? " or biases" : "");
         if (w->scale_dtype != G4_DT_F32 && w->scale_dtype != G4_DT_F16 && w->scale_dtype != G4_DT_BF16)
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales must be F32, F16 or BF16", tn);
+        if (w->split && w->bits != 4 && w->bits != 8)
+            return g4_fail(err, G4_ERR_TENSOR, "%s: the split layout holds 4- or 8-bit codes, not %d", tn, w->bits);
         if (w->scale_stride < (size_t)(w->cols / gs))
             return g4_fail(err, G4_ERR_TENSOR, "%s: scale stride %zu below %d groups", tn, w->scale_stride, w->cols / gs);
     }
@@ -483,11 +588,6 @@ void g4_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
         for (int i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
     else
         for (int i = 0; i < n; i++) y[i] = x[i] * inv;
-}
-
-float g4_gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
 void g4_rope(float *x, int d, int pos, float theta, int R) {

@@ -273,7 +273,16 @@ INLINE void unpack_q6k(const urow2 *rw, int j, wgrp2 *o) {
 INLINE void stream_block(const urow2 *rw, int b, int bits, int symm, __m128i *lo, __m128i *hi) {
     const uint8_t *p = rw->row + (size_t)b * 4 * bits;
     __m128i l, h;
-    if (bits == 8) {
+    if (rw->w->split) { /* quant.h: 4 bits e | 16+e per byte, 8 bits unsigned u */
+        if (bits == 8) {
+            *lo = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
+            *hi = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(p + 16)), _mm_set1_epi8((char)0x80));
+            return;
+        }
+        __m128i v = _mm_loadu_si128((const __m128i *)p), F = _mm_set1_epi8(15);
+        l = _mm_and_si128(v, F);
+        h = _mm_and_si128(_mm_srli_epi16(v, 4), F);
+    } else if (bits == 8) {
         l = _mm_loadu_si128((const __m128i *)p);
         h = _mm_loadu_si128((const __m128i *)(p + 16));
         if (!symm) { /* unsigned codes as signed values u − 128 */

@@ -344,7 +344,32 @@ INLINE void unpack_stream(const uctx *c, const urow *rw, int j, int symm, wgrp *
     if (!symm) o->bw = group_factor(c, rw->bf, rw->b_row, j);
 }
 
+/* The split layout (quant.h): four blocks of 4-bit codes are one 64-byte vector whose low
+ * nibbles are `lo` and high nibbles `hi`; 8-bit blocks are 32 bytes each, halves regrouped by
+ * two 128-bit lane shuffles. Codes are unsigned u in both. */
+INLINE void unpack_split(const uctx *c, const urow *rw, int j, int symm, wgrp *o) {
+    if (c->bits == 4) {
+        __m512i A = _mm512_loadu_si512(rw->row + (size_t)j * 64), F = _mm512_set1_epi8(15);
+        o->lo = _mm512_and_si512(A, F);
+        o->hi = _mm512_and_si512(_mm512_srli_epi16(A, 4), F);
+    } else {
+        __m512i A = _mm512_loadu_si512(rw->row + (size_t)j * 128), B = _mm512_loadu_si512(rw->row + (size_t)j * 128 + 64);
+        o->lo = _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(2, 0, 2, 0));
+        o->hi = _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    o->sw = group_factor(c, rw->sf, rw->s_row, j);
+    if (!symm) o->bw = group_factor(c, rw->bf, rw->b_row, j);
+}
+
+/* Pseudo-types for the split layout of AFFINE and SYMM, so each gets its own compiled loop. */
+#define T_AFFINE_S ((g4_wtype)(G4_W_COUNT + 1))
+#define T_SYMM_S ((g4_wtype)(G4_W_COUNT + 2))
+
 INLINE void unpack(const uctx *c, const urow *rw, int j, g4_wtype t, wgrp *o) {
+    if (t == T_AFFINE_S || t == T_SYMM_S) {
+        unpack_split(c, rw, j, t == T_SYMM_S, o);
+        return;
+    }
     switch (t) {
     case G4_W_Q8_0: unpack_q8_0(c, rw, j, o); break;
     case G4_W_Q4_0: case G4_W_Q4_1: case G4_W_Q5_0: case G4_W_Q5_1: unpack_q_small(c, rw, j, t, o); break;
@@ -439,7 +464,7 @@ INLINE size_t group_bytes(const uctx *c, g4_wtype t) {
 /* The per-token half of step 4 for one group j, R rows × T tokens. */
 INLINE void group_acc(const g4_xprep *xp, int m0, int j, const wgrp *g, __m512 acc[4][4], const int R, const int T,
                       g4_wtype t) {
-    int add = g4_wtype_additive(t), split = t == G4_W_Q6_K;
+    int add = g4_wtype_additive(t) || t == T_AFFINE_S, split = t == G4_W_Q6_K;
 #pragma GCC unroll 4
     for (int u = 0; u < T; u++) {
         const int8_t *q = g4_xp_q(xp, m0 + u) + 128 * j;
@@ -553,7 +578,7 @@ INLINE void int_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
     const g4_mat *w = a->w;
     uctx c;
     setup(&c, w);
-    int stream = t == G4_W_AFFINE || t == G4_W_SYMM;
+    int stream = t == G4_W_AFFINE || t == G4_W_SYMM || t == T_AFFINE_S || t == T_SYMM_S;
     float sf[4][MAX_ROW_GROUPS], bf[4][MAX_ROW_GROUPS];
     int kq = t == G4_W_Q4_K || t == G4_W_Q5_K || t == G4_W_Q6_K;
     int R = a->M == 1 && !kq ? 4 : 2;
@@ -573,6 +598,164 @@ INLINE void int_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
     }
 }
 
+/* ---- the split layout (quant.h): dedicated loops ------------------------------------------------
+ * Compiled per code width, additive or not, and where a group's four block scales come from
+ * (SM_32: one per block, SM_64: one per two blocks, SM_128: one per group, SM_ROW: one per row),
+ * so the inner loop is loads, three or two unpacking operations and the canonical step 4. */
+enum { SM_32, SM_64, SM_128, SM_ROW };
+
+typedef struct {
+    const uint8_t *codes;
+    const float *sf, *bf; /* the row's group scales / biases as float */
+} srow;
+
+INLINE __m512 split_factor(const srow *rw, const float *f, int j, const int sm, __m512i e4, __m512i e2) {
+    (void)rw;
+    switch (sm) {
+    case SM_32: return _mm512_permutexvar_ps(e4, _mm512_castps128_ps512(_mm_loadu_ps(f + 4 * j)));
+    case SM_64:
+        return _mm512_permutexvar_ps(e2, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(f + 2 * j)))));
+    case SM_128: return _mm512_set1_ps(f[j]);
+    default: return _mm512_set1_ps(f[0]);
+    }
+}
+
+INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R, int m0, const int T, const int bits,
+                       const int add, const int sm) {
+    const g4_xprep *xp = a->xp;
+    const int nfull = xp->nb / 4;
+    const size_t gb = (size_t)16 * bits;
+    const __m512i F = _mm512_set1_epi8(15);
+    const __m512i e4 = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+    const __m512i e2 = _mm512_srli_epi32(e4, 1);
+    __m512 acc[4][4];
+    __m512 swr[4], bwr[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < R; v++) {
+#pragma GCC unroll 4
+        for (int u = 0; u < T; u++) acc[v][u] = _mm512_setzero_ps();
+        if (sm == SM_ROW) {
+            swr[v] = _mm512_set1_ps(rw[v].sf[0]);
+            bwr[v] = add ? _mm512_set1_ps(rw[v].bf[0]) : swr[v];
+        }
+    }
+    const int8_t *q0 = g4_xp_q(xp, m0);
+    const size_t qstride = (size_t)xp->ngrp * 128, fstride = (size_t)xp->ngrp * 16;
+    const size_t f0 = g4_xp_f(xp, m0);
+    for (int j = 0; j < nfull; j++) {
+        __m512i lo[4], hi[4];
+        __m512 sw[4], bw[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < R; v++) {
+            const uint8_t *p = rw[v].codes + (size_t)j * gb;
+            _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
+            if (bits == 4) {
+                __m512i A = _mm512_loadu_si512(p);
+                lo[v] = _mm512_and_si512(A, F);
+                hi[v] = _mm512_and_si512(_mm512_srli_epi16(A, 4), F);
+            } else {
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T0);
+                __m512i A = _mm512_loadu_si512(p), B = _mm512_loadu_si512(p + 64);
+                lo[v] = _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(2, 0, 2, 0));
+                hi[v] = _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(3, 1, 3, 1));
+            }
+            if (sm == SM_ROW) {
+                sw[v] = swr[v];
+                bw[v] = bwr[v];
+            } else {
+                sw[v] = split_factor(&rw[v], rw[v].sf, j, sm, e4, e2);
+                bw[v] = add ? split_factor(&rw[v], rw[v].bf, j, sm, e4, e2) : sw[v];
+            }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < T; u++) {
+            const int8_t *q = q0 + (size_t)u * qstride + 128 * (size_t)j;
+            size_t f = f0 + (size_t)u * fstride + 16 * (size_t)j;
+            __m512i xl = _mm512_loadu_si512(q), xh = _mm512_loadu_si512(q + 64);
+            __m512i k0 = _mm512_loadu_si512(xp->c0 + f);
+            __m512 d = _mm512_loadu_ps(xp->dx + f);
+            __m512 xs = add ? _mm512_loadu_ps(xp->xs + f) : d;
+#pragma GCC unroll 4
+            for (int v = 0; v < R; v++) {
+                __m512i pp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(k0, lo[v], xl), hi[v], xh);
+                acc[v][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pp), _mm512_mul_ps(sw[v], d), acc[v][u]);
+                if (add) acc[v][u] = _mm512_fmadd_ps(xs, bw[v], acc[v][u]);
+            }
+        }
+    }
+    float l[4][4][16];
+#pragma GCC unroll 4
+    for (int v = 0; v < R; v++)
+#pragma GCC unroll 4
+        for (int u = 0; u < T; u++) _mm512_storeu_ps(l[v][u], acc[v][u]);
+    for (int v = 0; v < R; v++)
+        for (int u = 0; u < T; u++) {
+            for (int b = 4 * nfull; b < xp->nb; b++) { /* a last partial group: the scalar steps */
+                g4_wblock wb;
+                g4_wblock_get(a->w, r + v, b, &wb);
+                g4_wblock_accumulate(a->w, &wb, xp, m0 + u, b, l[v][u]);
+            }
+            a->y[(size_t)(m0 + u) * a->ldy + r + v] = g4_fold16(l[v][u]);
+        }
+}
+
+INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int R, const int bits, const int add,
+                         const int sm) {
+    int m0 = 0;
+    if (R <= 2)
+        for (; m0 + 4 <= a->M; m0 += 4) split_tile(a, rw, r, R, m0, 4, bits, add, sm);
+    switch (a->M - m0) {
+    case 3: split_tile(a, rw, r, R < 2 ? R : 2, m0, 3, bits, add, sm); break;
+    case 2: split_tile(a, rw, r, R < 2 ? R : 2, m0, 2, bits, add, sm); break;
+    case 1: split_tile(a, rw, r, R, m0, 1, bits, add, sm); break;
+    default: break;
+    }
+}
+
+INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int sm) {
+    const g4_mat *w = a->w;
+    int G = w->group > 0 ? w->group : w->cols, ng = w->cols / G;
+    float sf[4][MAX_ROW_GROUPS], bf[4][MAX_ROW_GROUPS];
+    int R = a->M == 1 ? 4 : 2;
+    for (int r = r0; r < r1;) {
+        int n = r1 - r >= R ? R : 1;
+        srow rw[4];
+        for (int v = 0; v < n; v++) {
+            size_t base = (size_t)(r + v) * w->scale_stride;
+            rw[v].codes = (const uint8_t *)w->data + (size_t)(r + v) * w->row_bytes;
+            rw[v].sf = conv_row(w->scales, w->scale_dtype, base, ng, sf[v]);
+            rw[v].bf = add ? conv_row(w->biases, w->scale_dtype, base, ng, bf[v]) : NULL;
+        }
+        if (n == 4) split_rowset(a, rw, r, 4, bits, add, sm);
+        else if (n == 2) split_rowset(a, rw, r, 2, bits, add, sm);
+        else split_rowset(a, rw, r, 1, bits, add, sm);
+        r += n;
+    }
+}
+
+#define SPLIT_FN(bits, add, sm) \
+    T512 static void split_##bits##_##add##_##sm(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, sm); }
+#define SPLIT_FNS(bits, add) SPLIT_FN(bits, add, SM_32) SPLIT_FN(bits, add, SM_64) SPLIT_FN(bits, add, SM_128) SPLIT_FN(bits, add, SM_ROW)
+SPLIT_FNS(4, 0)
+SPLIT_FNS(4, 1)
+SPLIT_FNS(8, 0)
+SPLIT_FNS(8, 1)
+
+/* The dedicated loop for a split matrix, or NULL for the generic one. */
+static void (*split_fn(const g4_mat *w))(const g4_rows_args *, int, int) {
+    static void (*const fns[2][2][4])(const g4_rows_args *, int, int) = {
+        {{split_4_0_SM_32, split_4_0_SM_64, split_4_0_SM_128, split_4_0_SM_ROW},
+         {split_4_1_SM_32, split_4_1_SM_64, split_4_1_SM_128, split_4_1_SM_ROW}},
+        {{split_8_0_SM_32, split_8_0_SM_64, split_8_0_SM_128, split_8_0_SM_ROW},
+         {split_8_1_SM_32, split_8_1_SM_64, split_8_1_SM_128, split_8_1_SM_ROW}},
+    };
+    int G = w->group > 0 ? w->group : w->cols;
+    if (w->cols / G > MAX_ROW_GROUPS) return NULL;
+    int sm = G == w->cols ? SM_ROW : G == 32 ? SM_32 : G == 64 ? SM_64 : G == 128 ? SM_128 : -1;
+    if (sm < 0) return NULL;
+    return fns[w->bits == 8][w->type == G4_W_AFFINE][sm];
+}
+
 #define INT_ROWS(name, T_) \
     T512 static void name(const g4_rows_args *a, int r0, int r1) { int_rows(a, r0, r1, T_); }
 INT_ROWS(rows_q8_0, G4_W_Q8_0)
@@ -583,8 +766,18 @@ INT_ROWS(rows_q5_1, G4_W_Q5_1)
 INT_ROWS(rows_q4_k, G4_W_Q4_K)
 INT_ROWS(rows_q5_k, G4_W_Q5_K)
 INT_ROWS(rows_q6_k, G4_W_Q6_K)
-INT_ROWS(rows_affine, G4_W_AFFINE)
-INT_ROWS(rows_symm, G4_W_SYMM)
+T512 static void rows_affine(const g4_rows_args *a, int r0, int r1) {
+    void (*fn)(const g4_rows_args *, int, int) = a->w->split ? split_fn(a->w) : NULL;
+    if (fn) fn(a, r0, r1);
+    else if (a->w->split) int_rows(a, r0, r1, T_AFFINE_S);
+    else int_rows(a, r0, r1, G4_W_AFFINE);
+}
+T512 static void rows_symm(const g4_rows_args *a, int r0, int r1) {
+    void (*fn)(const g4_rows_args *, int, int) = a->w->split ? split_fn(a->w) : NULL;
+    if (fn) fn(a, r0, r1);
+    else if (a->w->split) int_rows(a, r0, r1, T_SYMM_S);
+    else int_rows(a, r0, r1, G4_W_SYMM);
+}
 
 void g4_rows_avx512(const g4_rows_args *a, int r0, int r1) {
     static void (*const fns[G4_W_COUNT])(const g4_rows_args *, int, int) = {

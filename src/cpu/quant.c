@@ -404,3 +404,82 @@ void g4_dequantize_row_symm(const uint8_t *codes, int n, int bits, float scale, 
         out[i] = scale * (float)q;
     }
 }
+
+/* ---- the kernels' layout (g4_mat.split) ------------------------------------------------------ */
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Whether w can be repacked, and the bits of its codes. */
+static int repack_bits(const g4_mat *w) {
+    if (w->split) return 0;
+    switch (w->type) {
+    case G4_W_Q4_0: case G4_W_Q4_1: return 4;
+    case G4_W_Q8_0: return 8;
+    case G4_W_AFFINE: case G4_W_SYMM: return w->bits == 4 || w->bits == 8 ? w->bits : 0;
+    default: return 0;
+    }
+}
+
+size_t g4_mat_repack_size(const g4_mat *w) {
+    int bits = repack_bits(w);
+    if (!bits || w->cols % 32) return 0;
+    size_t rows = (size_t)w->rows, nb = (size_t)w->cols / 32;
+    size_t n = up64(rows * (size_t)w->cols * (size_t)bits / 8);
+    if (w->type == G4_W_Q4_0 || w->type == G4_W_Q8_0) n += up64(rows * nb * 2);
+    if (w->type == G4_W_Q4_1) n += 2 * up64(rows * nb * 2);
+    return n;
+}
+
+void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
+    int bits = repack_bits(w);
+    size_t rows = (size_t)w->rows, nb = (size_t)w->cols / 32, rb = (size_t)w->cols * (size_t)bits / 8;
+    uint8_t *codes = mem;
+    g4_mat o = *w;
+    o.split = 1;
+    o.bits = bits;
+    o.row_bytes = rb;
+    o.data = codes;
+    if (w->type == G4_W_Q4_0 || w->type == G4_W_Q8_0 || w->type == G4_W_Q4_1) {
+        uint16_t *sc = (uint16_t *)(codes + up64(rows * rb)), *bi = NULL;
+        if (w->type == G4_W_Q4_1) bi = (uint16_t *)((uint8_t *)sc + up64(rows * nb * 2));
+        o.type = w->type == G4_W_Q4_1 ? G4_W_AFFINE : G4_W_SYMM;
+        o.group = 32;
+        o.scales = sc;
+        o.biases = bi;
+        o.scale_dtype = G4_DT_F16;
+        o.scale_stride = nb;
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + r * w->row_bytes;
+            for (size_t b = 0; b < nb; b++) {
+                uint8_t *dst = codes + r * rb + b * (size_t)(bits * 4);
+                if (w->type == G4_W_Q8_0) {
+                    const uint8_t *blk = p + b * 34;
+                    sc[r * nb + b] = rd16(blk);
+                    for (int i = 0; i < 32; i++) dst[i] = (uint8_t)(blk[2 + i] ^ 0x80);
+                } else {
+                    int bb = w->type == G4_W_Q4_1 ? 20 : 18, qo = bb - 16;
+                    const uint8_t *blk = p + b * (size_t)bb;
+                    sc[r * nb + b] = rd16(blk);
+                    if (bi) bi[r * nb + b] = rd16(blk + 2);
+                    memcpy(dst, blk + qo, 16);
+                }
+            }
+        }
+    } else {
+        int flip = w->type == G4_W_SYMM && bits == 8; /* stored signed; the layout holds u = q + 128 */
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *p = (const uint8_t *)w->data + r * w->row_bytes;
+            uint8_t *dst = codes + r * rb;
+            for (size_t b = 0; b < nb; b++) {
+                if (bits == 8) {
+                    for (int i = 0; i < 32; i++) dst[32 * b + i] = (uint8_t)(p[32 * b + i] ^ (flip ? 0x80 : 0));
+                } else {
+                    for (int e = 0; e < 16; e++)
+                        dst[16 * b + e] = (uint8_t)(g4_stream_code(p, (long)(32 * b + e), 4) |
+                                                    g4_stream_code(p, (long)(32 * b + 16 + e), 4) << 4);
+                }
+            }
+        }
+    }
+    *out = o;
+}

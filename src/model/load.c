@@ -1,7 +1,9 @@
 /* g4_model_load: recognise what the path holds, open the matching weight source, bind. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "model/model.h"
@@ -28,7 +30,6 @@ static int is_gguf_file(const char *path) {
 }
 
 g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
-    (void)opts;
     *out = NULL;
     if (!path) return g4_fail(err, G4_ERR_ARG, "no model path given");
     g4_model *m = calloc(1, sizeof *m);
@@ -50,6 +51,7 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
         if (!st) st = open_dir_source(m, path, err);
     }
     if (!st) st = g4_model_bind(m, err);
+    if (!st && !(opts && opts->keep_layout)) st = g4_model_repack(m, SIZE_MAX, err);
     if (st) {
         g4_model_free(m);
         return st;
@@ -64,6 +66,7 @@ void g4_model_free(g4_model *m) {
     g4_config_free(&m->cfg);
     free(m->layers);
     free(m->arena);
+    if (m->repacked) munmap(m->repacked, m->repacked_size);
     free(m->path);
     free(m);
 }

@@ -44,6 +44,8 @@ struct g4_model {
     g4_layer_weights *layers;   /* [L] */
     float *arena;               /* owns every converted vector above */
     size_t weight_bytes;
+    void *repacked;             /* the matrices repacked into the kernels' layout (anonymous map) */
+    size_t repacked_size;
 };
 
 /* Binding tensors from a source with shape checks; small vectors are converted to float into a
@@ -64,4 +66,10 @@ g4_status g4_bind_vec(g4_binder *b, const char *name, int n, const float **out);
 
 /* Binds and checks every weight of m->cfg from m->src (used by g4_model_load). */
 g4_status g4_model_bind(struct g4_model *m, g4_error *err);
+/* Repacks every streamed matrix that has a faster kernel layout (Q4_0, Q4_1, Q8_0, 4/8-bit MLX
+ * and QAT; cpu/quant.h) into one anonymous mapping (huge pages where the kernel allows), so the
+ * file's pages are no longer touched by decoding. The gathered PLE table stays mapped as it is.
+ * Results are bitwise those of the original layout. Nothing is done when the copy would exceed
+ * max_bytes. */
+g4_status g4_model_repack(struct g4_model *m, size_t max_bytes, g4_error *err);
 #endif
