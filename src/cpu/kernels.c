@@ -434,7 +434,7 @@ void g4_matmul_isa(g4_isa isa, g4_threadpool *pool, const g4_mat *w, const float
     }
 }
 
-/* ---- several matrices over one input ---------------------------------------------------------- */
+/* ---- several matrices in one pass ------------------------------------------------------------ */
 
 /* Whether one prepared input serves both matrices. */
 static int prep_compatible(const g4_mat *a, const g4_mat *b) {
@@ -444,12 +444,12 @@ static int prep_compatible(const g4_mat *a, const g4_mat *b) {
            (a->type == G4_W_Q6_K) == (b->type == G4_W_Q6_K);
 }
 
-enum { MULTI_UNIT = 16, MULTI_MAX = 4 };
+enum { MULTI_UNIT = 16 };
 
 typedef struct {
     rows_fn fn;
-    g4_rows_args args[MULTI_MAX];
-    int n, ustart[MULTI_MAX + 1]; /* part i owns units [ustart[i], ustart[i+1]) */
+    g4_rows_args args[G4_MM_MAX_PARTS];
+    int n, npair, ustart[G4_MM_MAX_PARTS + 1]; /* item i (a part, or a pair) owns units [ustart[i], ustart[i+1]) */
     g4_mm_epilogue epi;
     void *epi_ctx;
 } multi_job;
@@ -457,63 +457,81 @@ typedef struct {
 static void multi_range(void *ctx, int u0, int u1, int tid) {
     (void)tid;
     const multi_job *j = ctx;
-    if (j->epi) { /* pairs: the same rows of both, then the epilogue over them */
-        int r0 = u0 * MULTI_UNIT, r1 = u1 * MULTI_UNIT;
-        if (r1 > j->args[0].w->rows) r1 = j->args[0].w->rows;
-        j->fn(&j->args[0], r0, r1);
-        j->fn(&j->args[1], r0, r1);
-        j->epi(j->epi_ctx, r0, r1);
-        return;
-    }
-    for (int i = 0; i < j->n; i++) {
+    int items = j->epi ? j->n / 2 : j->n;
+    for (int i = 0; i < items; i++) {
         int a = u0 > j->ustart[i] ? u0 : j->ustart[i], b = u1 < j->ustart[i + 1] ? u1 : j->ustart[i + 1];
         if (a >= b) continue;
-        int rows = j->args[i].w->rows, r0 = (a - j->ustart[i]) * MULTI_UNIT, r1 = (b - j->ustart[i]) * MULTI_UNIT;
-        j->fn(&j->args[i], r0, r1 < rows ? r1 : rows);
+        const g4_rows_args *g = &j->args[j->epi ? 2 * i : i];
+        int rows = g->w->rows, r0 = (a - j->ustart[i]) * MULTI_UNIT, r1 = (b - j->ustart[i]) * MULTI_UNIT;
+        if (r1 > rows) r1 = rows;
+        j->fn(g, r0, r1);
+        if (j->epi) { /* the pair's second matrix on the same rows, then the epilogue over them */
+            j->fn(g + 1, r0, r1);
+            j->epi(j->epi_ctx, i, r0, r1);
+        }
+    }
+}
+
+static void multi_serial(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
+                         void *epi_ctx) {
+    for (int i = 0; i < n; i++) {
+        g4_matmul(pool, parts[i].w, parts[i].x ? parts[i].x : x, M, parts[i].y, parts[i].ldy);
+        if (epi && i % 2) epi(epi_ctx, i / 2, 0, parts[i].w->rows);
     }
 }
 
 void g4_matmul_multi(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
                      void *epi_ctx) {
-    int ok = n >= 1 && n <= MULTI_MAX && M <= PREP_CHUNK && (!epi || (n == 2 && parts[0].w->rows == parts[1].w->rows));
+    int ok = n >= 1 && n <= G4_MM_MAX_PARTS && M <= PREP_CHUNK && (!epi || n % 2 == 0);
     for (int i = 1; i < n && ok; i++) ok = prep_compatible(parts[0].w, parts[i].w);
+    for (int i = 0; epi && ok && i < n; i += 2) ok = parts[i].w->rows == parts[i + 1].w->rows;
     if (!ok) {
-        for (int i = 0; i < n; i++) g4_matmul(pool, parts[i].w, x, M, parts[i].y, parts[i].ldy);
-        if (epi) epi(epi_ctx, 0, parts[0].w->rows);
+        multi_serial(pool, parts, n, x, M, epi, epi_ctx);
         return;
     }
     g4_isa isa = g4_isa_best();
     const g4_mat *w0 = parts[0].w;
     multi_job j = {.fn = isa == G4_ISA_AVX512 ? g4_rows_avx512 : isa == G4_ISA_AVX2 ? g4_rows_avx2 : g4_rows_scalar,
                    .n = n, .epi = epi, .epi_ctx = epi_ctx};
+    /* one prepared input per distinct input pointer */
+    const float *in[G4_MM_MAX_PARTS];
+    int prep_of[G4_MM_MAX_PARTS], nprep = 0;
+    for (int i = 0; i < n; i++) {
+        const float *xi = parts[i].x ? parts[i].x : x;
+        int k = 0;
+        while (k < nprep && in[k] != xi) k++;
+        if (k == nprep) in[nprep++] = xi;
+        prep_of[i] = k;
+    }
+    int is_int = g4_wtype_is_int(w0->type);
     _Alignas(64) uint8_t stack_buf[48 << 10];
     void *mem = NULL;
-    g4_xprep xp;
-    int is_int = g4_wtype_is_int(w0->type);
+    g4_xprep xp[G4_MM_MAX_PARTS];
     if (is_int) {
-        size_t need = xprep_bytes(w0, M);
-        for (int i = 1; i < n; i++) /* the largest layout any part asks for (additive types add xs) */
-            if (xprep_bytes(parts[i].w, M) > need) need = xprep_bytes(parts[i].w, M);
+        size_t each = (xprep_bytes(w0, M) + 63) & ~(size_t)63, need = each * (size_t)nprep;
         if (need > sizeof stack_buf && !(mem = malloc(need))) {
-            for (int i = 0; i < n; i++) g4_matmul(pool, parts[i].w, x, M, parts[i].y, parts[i].ldy);
-            if (epi) epi(epi_ctx, 0, w0->rows);
+            multi_serial(pool, parts, n, x, M, epi, epi_ctx);
             return;
         }
-        xprep_layout(w0, M, mem ? mem : stack_buf, &xp);
-        xprep_job pj = {isa, w0, x, &xp};
-        if (!pool || M < 4) xprep_range(&pj, 0, M, 0);
-        else g4_parallel_for(pool, M, 1, xprep_range, &pj);
+        uint8_t *base = mem ? mem : stack_buf;
+        for (int k = 0; k < nprep; k++) {
+            xprep_layout(w0, M, base + each * (size_t)k, &xp[k]);
+            xprep_job pj = {isa, w0, in[k], &xp[k]};
+            if (!pool || M < 4) xprep_range(&pj, 0, M, 0);
+            else g4_parallel_for(pool, M, 1, xprep_range, &pj);
+        }
     }
     long work = 0;
-    j.ustart[0] = 0;
+    int items = epi ? n / 2 : n;
     for (int i = 0; i < n; i++) {
-        j.args[i] = (g4_rows_args){parts[i].w, is_int ? NULL : x, is_int ? &xp : NULL, M, parts[i].ldy, parts[i].y};
-        j.ustart[i + 1] = j.ustart[i] + (epi && i == 1 ? 0 : (parts[i].w->rows + MULTI_UNIT - 1) / MULTI_UNIT);
+        j.args[i] = (g4_rows_args){parts[i].w, is_int ? NULL : in[prep_of[i]], is_int ? &xp[prep_of[i]] : NULL, M,
+                                   parts[i].ldy, parts[i].y};
         work += (long)parts[i].w->rows * parts[i].w->cols;
     }
-    int units = epi ? j.ustart[1] : j.ustart[n];
-    if (!pool || work * (M < 4 ? M : 4) < 32768) multi_range(&j, 0, units, 0);
-    else g4_parallel_for(pool, units, 1, multi_range, &j);
+    j.ustart[0] = 0;
+    for (int i = 0; i < items; i++) j.ustart[i + 1] = j.ustart[i] + (parts[epi ? 2 * i : i].w->rows + MULTI_UNIT - 1) / MULTI_UNIT;
+    if (!pool || work * (M < 4 ? M : 4) < 32768) multi_range(&j, 0, j.ustart[items], 0);
+    else g4_parallel_for(pool, j.ustart[items], 1, multi_range, &j);
     free(mem);
 }
 

@@ -80,16 +80,19 @@ float g4_dot_f16(const float *x, const uint16_t *w, int n);
  * the rows of w. */
 void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy);
 
-/* Several matrices with the same input x [M][cols] in one parallel pass: the threads split their
- * rows together and the integer path prepares x once. With an epilogue, n must be 2 with equal
- * row counts (e.g. gate and up): each work item computes rows [r0, r1) of both, then calls
- * epi(ctx, r0, r1) on them. Results are bitwise those of separate g4_matmul calls. */
+/* Several matrix products in one parallel pass: the threads split all their rows together, and
+ * the integer path prepares each distinct input once. Part i multiplies parts[i].x (NULL: the
+ * shared x) [M][cols]. With an epilogue, parts come in pairs (2k, 2k+1) of equal row counts
+ * (e.g. gate and up): a work item computes rows [r0, r1) of both, then calls epi(ctx, k, r0, r1).
+ * Results are bitwise those of separate g4_matmul calls. */
+enum { G4_MM_MAX_PARTS = 32 };
 typedef struct g4_mm_part {
     const g4_mat *w;
     float *y;
     int ldy;
+    const float *x;
 } g4_mm_part;
-typedef void (*g4_mm_epilogue)(void *ctx, int r0, int r1);
+typedef void (*g4_mm_epilogue)(void *ctx, int pair, int r0, int r1);
 void g4_matmul_multi(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
                      void *epi_ctx);
 

@@ -98,7 +98,7 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         s->top_w = zalloc((size_t)B * K * f, &fail);
         s->x2 = zalloc((size_t)B * H * f, &fail);
         s->ex_in = zalloc((size_t)B * H * f, &fail);
-        s->ex_gu = zalloc((size_t)B * 2 * c->moe_width * f, &fail);
+        s->ex_gu = zalloc((size_t)(B > K ? B : K) * 2 * c->moe_width * f, &fail);
         s->ex_out = zalloc((size_t)B * H * f, &fail);
         s->ex_res = zalloc((size_t)B * K * H * f, &fail);
         s->ex_tok = zalloc((size_t)B * K * sizeof(int), &fail);
@@ -268,8 +268,8 @@ typedef struct {
 } gelu_epi_ctx;
 
 /* gelu(gate) ⊙ up on rows [r0, r1) of every token, right after a work item computed them */
-static void gelu_epi(void *ctx, int r0, int r1) {
-    const gelu_epi_ctx *e = ctx;
+static void gelu_epi(void *ctx, int pair, int r0, int r1) {
+    const gelu_epi_ctx *e = (const gelu_epi_ctx *)ctx + pair;
     for (int m = 0; m < e->M; m++) g4_gelu_mul(e->gate + (size_t)m * e->I + r0, e->up + (size_t)m * e->I + r0, (size_t)(r1 - r0));
 }
 
@@ -278,7 +278,7 @@ static void mlp(g4_state *s, g4_threadpool *pool, const g4_mat *gate, const g4_m
                 const float *in, int M, float *out) {
     int I = gate->rows, H = s->m->cfg.hidden;
     if (plain_mat(gate) && plain_mat(up)) { /* one pass: gate and up rows together, GELU fused */
-        g4_mm_part parts[2] = {{gate, s->gate, I}, {up, s->up, I}};
+        g4_mm_part parts[2] = {{gate, s->gate, I, NULL}, {up, s->up, I, NULL}};
         gelu_epi_ctx e = {s->gate, s->up, M, I};
         prof_mark(s, G4_PROF_OTHER);
         g4_matmul_multi(pool, parts, 2, in, M, gelu_epi, &e);
@@ -327,6 +327,29 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
     }
     for (int m = 0; m < M; m++)
         g4_rmsnorm(s->x2 + (size_t)m * H, r + (size_t)m * H, w->pre_ffn_norm2, H, c->rms_eps);
+    if (M == 1 && K <= G4_MM_MAX_PARTS / 2 && plain_mat(&w->experts_gate_up) && plain_mat(&w->experts_down)) {
+        /* one token: every chosen expert's gate/up rows in one pass (GELU fused), then every
+         * down projection in another, instead of two passes per expert */
+        g4_mat gv[G4_MM_MAX_PARTS / 2], uv[G4_MM_MAX_PARTS / 2], dv[G4_MM_MAX_PARTS / 2];
+        g4_mm_part parts[G4_MM_MAX_PARTS];
+        gelu_epi_ctx ec[G4_MM_MAX_PARTS / 2];
+        for (int k = 0; k < K; k++) {
+            int e = s->top_e[k];
+            float *g = s->ex_gu + (size_t)k * 2 * Im;
+            gv[k] = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, Im);
+            uv[k] = g4_mat_rows(&w->experts_gate_up, e * 2 * Im + Im, Im);
+            dv[k] = g4_mat_rows(&w->experts_down, e * H, H);
+            parts[2 * k] = (g4_mm_part){&gv[k], g, Im, NULL};
+            parts[2 * k + 1] = (g4_mm_part){&uv[k], g + Im, Im, NULL};
+            ec[k] = (gelu_epi_ctx){g, g + Im, 1, Im};
+        }
+        prof_mark(s, G4_PROF_OTHER);
+        g4_matmul_multi(pool, parts, 2 * K, s->x2, 1, gelu_epi, ec);
+        for (int k = 0; k < K; k++) parts[k] = (g4_mm_part){&dv[k], s->ex_res + (size_t)k * H, H, s->ex_gu + (size_t)k * 2 * Im};
+        g4_matmul_multi(pool, parts, K, NULL, 1, NULL, NULL);
+        prof_mark(s, G4_PROF_MATMUL);
+        E = 0; /* done: skip the per-expert loop */
+    }
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < M * K; t++)
@@ -442,11 +465,11 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
          * pass over the three matrices when nothing is fake-quantised around them */
         int own_kv = src == li, fused = plain_mat(&w->wq) && (!own_kv || (plain_mat(&w->wk) && (lc->k_eq_v || plain_mat(&w->wv))));
         if (fused) {
-            g4_mm_part parts[3] = {{&w->wq, s->q, nq}};
+            g4_mm_part parts[3] = {{&w->wq, s->q, nq, NULL}};
             int np = 1;
             if (own_kv) {
-                parts[np++] = (g4_mm_part){&w->wk, s->k_stage[li], nkv};
-                if (!lc->k_eq_v) parts[np++] = (g4_mm_part){&w->wv, s->v_stage[li], nkv};
+                parts[np++] = (g4_mm_part){&w->wk, s->k_stage[li], nkv, NULL};
+                if (!lc->k_eq_v) parts[np++] = (g4_mm_part){&w->wv, s->v_stage[li], nkv, NULL};
             }
             prof_mark(s, G4_PROF_OTHER);
             g4_matmul_multi(pool, parts, np, s->a, M, NULL, NULL);
