@@ -100,6 +100,11 @@ typedef struct g4_session_options {
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out,
                             g4_error *err);
+/* G4_OK when sessions can run on `device` here (CUDA: a GPU and driver are present and the
+ * library was built with CUDA); otherwise G4_ERR_UNSUPPORTED saying why. desc (may be NULL)
+ * receives a one-line description of the device. Load models for a GPU session with
+ * g4_model_options.keep_layout = 1. */
+g4_status g4_device_probe(int device, char *desc, size_t desc_len, g4_error *err);
 void g4_session_free(g4_session *s);
 /* Forget every token: the next forward starts at position 0. */
 void g4_session_reset(g4_session *s);

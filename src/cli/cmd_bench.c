@@ -32,6 +32,9 @@ static void bench_usage(FILE *f) {
             "  --threads N          worker threads (default: all CPUs)\n"
             "  --no-verify          skip the verify-block table\n"
             "  --profile            after each decode row, where a token's time went (CPU)\n"
+            "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
+            "                       (llama.cpp's pp512 is --prefill 512)\n"
+            "  --json               also print each result as one JSON object per line (lines start with '{')\n"
             "  --alpha LIST         speculative decoding with drafts right with probability alpha (e.g.\n"
             "                       0,0.5,0.7,0.9,1): the drafter runs, its proposals are replaced by the\n"
             "                       target's own future greedy tokens, corrupted with probability 1-alpha\n"
@@ -147,6 +150,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
     int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
+    int json = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -172,6 +176,11 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--draft") && v) draft_dir = argv[++i];
         else if (!strcmp(a, "--no-verify")) verify = 0;
         else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--prefill")) {
+            if (cli_parse_int(a, v, 1, 1 << 20, &prefill)) return 2;
+            i++;
+        }
         else {
             fprintf(stderr, "g4 bench: unknown option or missing value: '%s'\n", a);
             bench_usage(stderr);
@@ -194,6 +203,7 @@ int cmd_bench(int argc, char **argv) {
         max_ctx = v > max_ctx ? (int)v : max_ctx;
         p = *end ? end + 1 : end;
     }
+    if (prefill > max_ctx) max_ctx = prefill;
     g4_error err = {0};
     g4_model *m = NULL;
     g4_session *s = NULL;
@@ -222,6 +232,9 @@ int cmd_bench(int argc, char **argv) {
     double bw = 0;
     if (g4_measure_read_bandwidth(nt, (size_t)1 << 30, 5, &bw, &err)) goto fail;
     printf("memory read bandwidth (%d threads, measured now): %.1f GB/s\n\n", nt, bw);
+    if (json)
+        printf("{\"row\": \"model\", \"layers\": %d, \"weight_bytes\": %zu, \"threads\": %d, \"bw_gb_s\": %.3f}\n",
+               info.n_layers, info.weight_bytes, nt, bw);
     logits = malloc(sizeof(float) * info.vocab);
     toks = malloc(sizeof(int32_t) * (size_t)(max_ctx + 64));
     if (!logits || !toks) goto fail;
@@ -250,12 +263,26 @@ int cmd_bench(int argc, char **argv) {
         double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2);
         printf("%8d %12.1f %12.2f %12.2f %10.1f %7.0f%%\n", c, c / pre, 1 / dec, dec * 1e3, bytes / dec / 1e9,
                100 * bytes / dec / 1e9 / bw);
+        if (json)
+            printf("{\"row\": \"context\", \"ctx\": %d, \"gen\": %d, \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.4f, "
+                   "\"bytes_per_token\": %.0f, \"gb_s\": %.3f, \"bw_gb_s\": %.3f}\n",
+                   c, gen, c / pre, 1 / dec, bytes, bytes / dec / 1e9, bw);
         if (s->st.profile) {
             static const char *const cls[G4_PROF_N] = {"matmul", "attention", "lm head", "gelu/softcap", "other"};
             printf("%8s ", "");
             for (int k = 0; k < G4_PROF_N; k++) printf(" %s %.2f ms%s", cls[k], s->st.prof[k] / gen * 1e3, k + 1 < G4_PROF_N ? "," : "\n");
             s->st.profile = 0;
         }
+        fflush(stdout);
+    }
+    if (prefill) {
+        /* one prefill of exactly `prefill` tokens from an empty context, as llama-bench's ppN */
+        g4_session_reset(s);
+        double a = now();
+        if (g4_session_forward(s, toks, prefill, G4_LOGITS_LAST, logits, &err)) goto fail;
+        double pre = now() - a;
+        printf("\nprefill of %d tokens from an empty context: %.1f tok/s (%.2f s)\n", prefill, prefill / pre, pre);
+        if (json) printf("{\"row\": \"prefill\", \"tokens\": %d, \"prefill_tok_s\": %.3f}\n", prefill, prefill / pre);
         fflush(stdout);
     }
     if (verify) {
