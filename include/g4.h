@@ -44,8 +44,9 @@ const char *g4_status_name(g4_status s);
 typedef struct g4_model g4_model;
 
 typedef struct g4_model_options {
-    /* 0 (default): quantised matrices with a faster CPU layout (Q4_0, Q4_1, Q8_0, 4/8-bit MLX
-     * and QAT) are repacked into it at load (a copy in memory, bitwise the same results).
+    /* 0 (default): on CPUs with AVX-512, quantised matrices with a faster CPU layout (Q4_0, Q4_1,
+     * Q8_0, 4/8-bit MLX and QAT) are repacked into it at load (a copy in memory; the same values,
+     * summed in that layout's own fixed order).
      * 1: every matrix stays in the file's layout, memory-mapped (e.g. for a GPU session). */
     int keep_layout;
 } g4_model_options;

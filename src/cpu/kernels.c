@@ -170,8 +170,47 @@ static void xprep_token_scalar(const g4_mat *w, const float *xr, const g4_xprep 
     }
 }
 
+/* Split layout, step 1 (kernels_internal.h): the same quantisation, super-group order. */
+void g4_xprep_token_split(const g4_mat *w, const float *xr, const g4_xprep *xp, int m) {
+    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    int8_t *q = (int8_t *)g4_xp_q(xp, m);
+    size_t f = g4_xp_f(xp, m);
+    memset(q, 0, (size_t)xp->nsg * 512);
+    for (int b = 0; b < 16 * xp->nsg; b++) {
+        size_t l = f + (size_t)b;
+        if (b >= xp->nb) {
+            xp->dx[l] = 0;
+            xp->c0[l] = 0;
+            if (add) xp->xs[l] = 0;
+            continue;
+        }
+        const float *xb = xr + 32 * b;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float id = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int8_t v = (int8_t)rne_small(xb[i] * id);
+            q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4] = v;
+            sum += v;
+        }
+        xp->dx[l] = amax / 127.0f;
+        xp->c0[l] = -off * sum;
+        if (add) {
+            float xs = xb[0];
+            for (int i = 1; i < 32; i++) xs += xb[i];
+            xp->xs[l] = xs;
+        }
+    }
+}
+
 static void xprep_token(g4_isa isa, const g4_mat *w, const float *x, const g4_xprep *xp, int m) {
     const float *xr = x + (size_t)m * w->cols;
+    if (w->split) {
+        if (isa == G4_ISA_AVX512) g4_xprep_token_split_avx512(w, xr, xp, m);
+        else g4_xprep_token_split(w, xr, xp, m);
+        return;
+    }
     int8_t *q = xp->xq + (size_t)m * xp->ngrp * 128;
     size_t f = g4_xp_f(xp, m);
     if (xp->nb % 4) { /* zero the missing blocks of a last partial group */
@@ -198,6 +237,11 @@ static void xprep_token(g4_isa isa, const g4_mat *w, const float *x, const g4_xp
 
 static size_t xprep_bytes(const g4_mat *w, int M) {
     size_t ngrp = ((size_t)w->cols / 32 + 3) / 4, nq = (size_t)M * ngrp * 128, nf = (size_t)M * ngrp * 16;
+    if (w->split) {
+        size_t nsg = ((size_t)w->cols / 32 + 15) / 16;
+        nq = (size_t)M * nsg * 512;
+        nf = (size_t)M * nsg * 16;
+    }
     return nq + nf * 4 * (2 + g4_wtype_additive(w->type) + (w->type == G4_W_Q6_K)) + 64;
 }
 
@@ -205,7 +249,9 @@ static size_t xprep_bytes(const g4_mat *w, int M) {
 static void xprep_layout(const g4_mat *w, int M, void *mem, g4_xprep *xp) {
     xp->nb = w->cols / 32;
     xp->ngrp = (xp->nb + 3) / 4;
-    size_t nf = (size_t)M * xp->ngrp * 16;
+    xp->sg = w->split;
+    xp->nsg = (xp->nb + 15) / 16;
+    size_t nf = (size_t)M * (xp->sg ? (size_t)xp->nsg : (size_t)xp->ngrp) * 16;
     int add = g4_wtype_additive(w->type), split = w->type == G4_W_Q6_K;
     uint8_t *p = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
     xp->dx = (float *)p;
@@ -295,13 +341,8 @@ void g4_wblock_get(const g4_mat *w, int r, int b, g4_wblock *o) {
     }
     case G4_W_AFFINE: case G4_W_SYMM: {
         int bits = w->bits;
-        if (w->split && bits == 4) {
-            for (int e = 0; e < 16; e++) {
-                o->u[e] = p[16 * b + e] & 15;
-                o->u[16 + e] = p[16 * b + e] >> 4;
-            }
-        } else if (w->split) {
-            memcpy(o->u, p + 32 * b, 32);
+        if (w->split) {
+            g4_split_block(w, r, b, o->u);
         } else {
             for (int i = 0; i < 32; i++) {
                 unsigned c = g4_stream_code(p, 32L * b + i, bits);
@@ -353,9 +394,36 @@ static inline float wconv(const g4_mat *w, const uint8_t *row, int i) {
 }
 
 #define SCALAR_TILE 8
+/* Split layout: the canonical order of kernels_internal.h, element by element. */
+void g4_rows_split_scalar(const g4_rows_args *a, int r0, int r1) {
+    const g4_mat *w = a->w;
+    const g4_xprep *xp = a->xp;
+    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    for (int r = r0; r < r1; r++)
+        for (int m = 0; m < a->M; m++) {
+            float acc[16] = {0};
+            const int8_t *q = g4_xp_q(xp, m);
+            size_t f = g4_xp_f(xp, m);
+            for (int b = 0; b < xp->nb; b++) {
+                g4_wblock wb;
+                g4_wblock_get(w, r, b, &wb);
+                int P = xp->c0[f + (size_t)b];
+                for (int i = 0; i < 32; i++) P += wb.u[i] * q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4];
+                (void)off;
+                acc[b % 16] = fmaf((float)P, wb.sw * xp->dx[f + (size_t)b], acc[b % 16]);
+                if (add) acc[b % 16] = fmaf(xp->xs[f + (size_t)b], wb.bw, acc[b % 16]);
+            }
+            a->y[(size_t)m * a->ldy + r] = g4_fold16(acc);
+        }
+}
+
 void g4_rows_scalar(const g4_rows_args *a, int r0, int r1) {
     const g4_mat *w = a->w;
     int K = w->cols;
+    if (w->split) {
+        g4_rows_split_scalar(a, r0, r1);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         for (int m0 = 0; m0 < a->M; m0 += SCALAR_TILE) {
@@ -440,7 +508,7 @@ void g4_matmul_isa(g4_isa isa, g4_threadpool *pool, const g4_mat *w, const float
 static int prep_compatible(const g4_mat *a, const g4_mat *b) {
     if (a->cols != b->cols || g4_wtype_is_int(a->type) != g4_wtype_is_int(b->type)) return 0;
     if (!g4_wtype_is_int(a->type)) return 1;
-    return g4_wtype_offset(a) == g4_wtype_offset(b) && g4_wtype_additive(a->type) == g4_wtype_additive(b->type) &&
+    return a->split == b->split && g4_wtype_offset(a) == g4_wtype_offset(b) && g4_wtype_additive(a->type) == g4_wtype_additive(b->type) &&
            (a->type == G4_W_Q6_K) == (b->type == G4_W_Q6_K);
 }
 

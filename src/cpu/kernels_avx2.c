@@ -273,16 +273,7 @@ INLINE void unpack_q6k(const urow2 *rw, int j, wgrp2 *o) {
 INLINE void stream_block(const urow2 *rw, int b, int bits, int symm, __m128i *lo, __m128i *hi) {
     const uint8_t *p = rw->row + (size_t)b * 4 * bits;
     __m128i l, h;
-    if (rw->w->split) { /* quant.h: 4 bits e | 16+e per byte, 8 bits unsigned u */
-        if (bits == 8) {
-            *lo = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
-            *hi = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(p + 16)), _mm_set1_epi8((char)0x80));
-            return;
-        }
-        __m128i v = _mm_loadu_si128((const __m128i *)p), F = _mm_set1_epi8(15);
-        l = _mm_and_si128(v, F);
-        h = _mm_and_si128(_mm_srli_epi16(v, 4), F);
-    } else if (bits == 8) {
+    if (bits == 8) {
         l = _mm_loadu_si128((const __m128i *)p);
         h = _mm_loadu_si128((const __m128i *)(p + 16));
         if (!symm) { /* unsigned codes as signed values u − 128 */
@@ -473,7 +464,8 @@ void g4_rows_avx2(const g4_rows_args *a, int r0, int r1) {
         rows_f32, rows_f16, rows_bf16, rows_q8_0, rows_q4_0, rows_q4_1, rows_q5_0,
         rows_q5_1, rows_q4_k, rows_q5_k, rows_q6_k, rows_affine, rows_symm,
     };
-    if (a->w->type < G4_W_COUNT) fns[a->w->type](a, r0, r1);
+    if (a->w->split) g4_rows_split_scalar(a, r0, r1); /* the split layout is repacked for AVX-512 only */
+    else if (a->w->type < G4_W_COUNT) fns[a->w->type](a, r0, r1);
 }
 
 /* ---- activations: step 1 of the canonical order ---------------------------------------------- */

@@ -69,7 +69,8 @@ g4_status g4_model_bind(struct g4_model *m, g4_error *err);
 /* Repacks every streamed matrix that has a faster kernel layout (Q4_0, Q4_1, Q8_0, 4/8-bit MLX
  * and QAT; cpu/quant.h) into one anonymous mapping (huge pages where the kernel allows), so the
  * file's pages are no longer touched by decoding. The gathered PLE table stays mapped as it is.
- * Results are bitwise those of the original layout. Nothing is done when the copy would exceed
- * max_bytes. */
+ * Only on CPUs with AVX-512 (the split layout's loops), and not when the copy would exceed
+ * max_bytes. The split layout has its own canonical reduction order (cpu/kernels_internal.h), so
+ * logits differ from the file layout's by float rounding; each is exact in itself. */
 g4_status g4_model_repack(struct g4_model *m, size_t max_bytes, g4_error *err);
 #endif

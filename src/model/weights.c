@@ -5,6 +5,7 @@
 
 #include <sys/mman.h>
 
+#include "cpu/kernels_internal.h"
 #include "cpu/quant.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -174,6 +175,7 @@ static int streamed_mats(g4_model *m, g4_mat **out) {
 }
 
 g4_status g4_model_repack(g4_model *m, size_t max_bytes, g4_error *err) {
+    if (g4_isa_best() != G4_ISA_AVX512) return G4_OK; /* the split loops are AVX-512 ones */
     int cap = 2 + 12 * m->cfg.n_layers;
     g4_mat **mats = malloc(sizeof *mats * (size_t)cap);
     if (!mats) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
