@@ -29,6 +29,18 @@ static int is_gguf_file(const char *path) {
     return ok;
 }
 
+/* Memory the kernel could give us now (MemAvailable), or SIZE_MAX when unknown. */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return SIZE_MAX;
+    char line[256];
+    size_t kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %zu kB", &kb) == 1;
+    fclose(f);
+    return found ? kb * 1024 : SIZE_MAX;
+}
+
 g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
     *out = NULL;
     if (!path) return g4_fail(err, G4_ERR_ARG, "no model path given");
@@ -51,7 +63,11 @@ g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model
         if (!st) st = open_dir_source(m, path, err);
     }
     if (!st) st = g4_model_bind(m, err);
-    if (!st && !(opts && opts->keep_layout)) st = g4_model_repack(m, SIZE_MAX, err);
+    /* the repacked copy must fit beside everything else: leave a fifth of what is free */
+    if (!st && !(opts && opts->keep_layout)) {
+        size_t avail = mem_available();
+        st = g4_model_repack(m, avail == SIZE_MAX ? SIZE_MAX : avail / 5 * 4, err);
+    }
     if (st) {
         g4_model_free(m);
         return st;
