@@ -1,6 +1,7 @@
 #include "util/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -10,7 +11,7 @@
 /* Workers spin briefly on a generation counter (a decode step issues hundreds of small loops per
  * token, so a futex wake-up per loop would cost more than the loop), then sleep on a condition
  * variable. */
-enum { SPIN_ITERS = 20000 };
+enum { SPIN_ITERS = 20000, YIELD_AFTER = 2000 };
 
 struct g4_threadpool {
     int n;
@@ -66,7 +67,8 @@ static void *worker_main(void *argp) {
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_ITERS) {
-                cpu_relax();
+                if (spins < YIELD_AFTER) cpu_relax();
+                else sched_yield(); /* someone else may need this core (an oversubscribed machine) */
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -149,5 +151,10 @@ void g4_parallel_for(g4_threadpool *p, int n, int align, g4_range_fn fn, void *c
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_share(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+    /* wait for the workers' last chunks: spin briefly, then yield, so that a worker descheduled
+     * by other load on the machine gets this core back instead of watching us spin */
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < YIELD_AFTER) cpu_relax();
+        else sched_yield();
+    }
 }
