@@ -52,7 +52,7 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
         __m512 w[4];
 #pragma GCC unroll 4
         for (int v = 0; v < R; v++) {
-            _mm_prefetch((const char *)row[v] + es * i + PF_DIST, _MM_HINT_T0);
+            _mm_prefetch((const char *)row[v] + es * i + PF_DIST, _MM_HINT_T1);
             w[v] = load_w16(t, row[v], i);
         }
 #pragma GCC unroll 4
@@ -488,9 +488,9 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
 #pragma GCC unroll 4
             for (int v = 0; v < R; v++) {
                 p[v] = rw[v].row + (size_t)(j / 2) * sbytes;
-                _mm_prefetch((const char *)p[v] + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)p[v] + PF_DIST + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p[v] + PF_DIST + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)p[v] + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 128, _MM_HINT_T1);
                 if (t == G4_W_Q6_K) kdec6(p[v], &s8[v][0], &s8[v][1]);
                 else kdec45(p[v], &s8[v][0], &b8[v]);
             }
@@ -513,8 +513,8 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
             for (int v = 0; v < R; v++) {
                 /* stay PF_DIST bytes ahead of the decode in every row (past a row's end this is
                  * the next row's start: rows are contiguous); prefetches never fault */
-                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST + 64, _MM_HINT_T1);
                 unpack(c, &rw[v], j, t, &g[v]);
             }
             group_acc(xp, m0, j, g, acc, R, T, t);
@@ -629,21 +629,21 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
             const uint8_t *p = rw[v].codes + (size_t)g * 64 * bits;
             __m512i k[8];
             if (bits == 8) {
-                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 256, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 320, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 384, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 448, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 256, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 320, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 384, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 448, _MM_HINT_T1);
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) k[c] = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
             } else {
-                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
                     __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
