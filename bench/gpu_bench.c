@@ -5,7 +5,9 @@
  *   verify       a block of k+1 tokens (k = 1..6) relative to one decode step
  *   breakdown    the same step with classes of stages skipped: attention, LM head, everything
  *                (what is left is the barriers and the launch)
- * usage: gpu_bench [--arch e2b,e4b] [--tokens N] [--layers N] */
+ *   tune         (--tune LIST) decode at ctx 128 under other prefetch / row-split settings
+ * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
+ *                  [--ctx 128,4096] [--tune pf,self,split;...] [--no-breakdown] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +40,17 @@ static double kv_bytes(const g4_model *m, int pos) {
     return b;
 }
 
-static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
+typedef struct {
+    const char *storage, *tune, *ctx;
+    int breakdown;
+} bench_opts;
+
+static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, const bench_opts *bo) {
     g4_error err = {0};
     g4_model *m = NULL;
     g4_synth_options so = {.seed = 1, .n_layers = n_layers};
     double t0 = now();
-    if (g4_model_synth(arch, &so, "bf16", &m, &err)) {
+    if (g4_model_synth(arch, &so, bo->storage, &m, &err)) {
         fprintf(stderr, "synth %s: %s\n", arch, err.message);
         return 1;
     }
@@ -52,9 +59,19 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
     /* weight_bytes counts what a token streams: every matrix once (the tied embedding as the LM
      * head), not the gathered per-layer-input table */
     double stream = (double)m->weight_bytes;
-    printf("\n%s (bf16, %d layers, hidden %d): %.2f GB streamed per token; synthesized in %.1f s\n", arch, c->n_layers,
-           c->hidden, stream / 1e9, t1 - t0);
-    const int ctx_max = 4096 + n_tok + 64;
+    printf("\n%s (%s, %d layers, hidden %d): %.2f GB streamed per token; synthesized in %.1f s\n", arch, bo->storage,
+           c->n_layers, c->hidden, stream / 1e9, t1 - t0);
+    int ctxs[8], n_ctxs = 0, cmax = 128;
+    {
+        char cl[128];
+        snprintf(cl, sizeof cl, "%s", bo->ctx);
+        char *sv = NULL; /* strtok_r: main() is inside a strtok loop over the architectures */
+        for (char *q = strtok_r(cl, ",", &sv); q && n_ctxs < 8; q = strtok_r(NULL, ",", &sv)) {
+            ctxs[n_ctxs] = atoi(q);
+            if (ctxs[n_ctxs] >= 16) cmax = ctxs[n_ctxs] > cmax ? ctxs[n_ctxs] : cmax, n_ctxs++;
+        }
+    }
+    const int ctx_max = cmax + n_tok + 64;
     g4_session *s = NULL;
     g4_session_options opt = {.n_ctx = ctx_max, .max_batch = 64, .device = G4_DEVICE_CUDA};
     if (g4_session_create(m, &opt, &s, &err)) {
@@ -67,17 +84,16 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
     g4_cuda_describe(s->cuda, &grid, &n_ops, &wb, &sb);
     printf("  uploaded in %.1f s; persistent kernel: %d blocks x %d threads, %d stages per token; %.2f GB weights + %.2f GB cache/scratch on the GPU\n",
            now() - t1, grid, G4C_THREADS, n_ops, wb / 1e9, sb / 1e9);
-    int32_t *prompt = malloc(sizeof(int32_t) * 4096), *out = malloc(sizeof(int32_t) * (size_t)(n_tok + 8));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(cmax + 256)), *out = malloc(sizeof(int32_t) * (size_t)(n_tok + 8));
     uint32_t r = 7;
-    for (int i = 0; i < 4096; i++) {
+    for (int i = 0; i < cmax + 256; i++) {
         r = r * 1664525u + 1013904223u;
         prompt[i] = i == 0 ? c->bos : 3 + (int32_t)((r >> 8) % 200000u);
     }
     float *lg = malloc(sizeof(float) * (size_t)c->vocab);
-    const int ctxs[2] = {128, 4096};
     printf("  %-6s %10s %10s %9s %9s %8s\n", "ctx", "prefill/s", "decode/s", "ms/token", "GB/s", "of peak");
     double step_ms[2] = {0, 0};
-    for (int ci = 0; ci < 2; ci++) {
+    for (int ci = 0; ci < n_ctxs; ci++) {
         int ctx = ctxs[ci];
         g4_session_reset(s);
         double p0 = now();
@@ -96,9 +112,31 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
             break;
         }
         double tps = n_tok / secs, bytes = stream + kv_bytes(m, ctx + n_tok / 2);
-        step_ms[ci] = secs * 1e3 / n_tok;
+        if (ci < 2) step_ms[ci] = secs * 1e3 / n_tok;
         printf("  %-6d %10.0f %10.1f %9.3f %9.0f %7.1f%%\n", ctx, ctx / (p1 - p0), tps, secs * 1e3 / n_tok,
                bytes * tps / 1e9, 100.0 * bytes * tps / bw);
+    }
+    /* other tuning settings: decode at context 128 */
+    if (bo->tune && *bo->tune) {
+        char tl[256];
+        snprintf(tl, sizeof tl, "%s", bo->tune);
+        char *save = NULL;
+        for (char *q = strtok_r(tl, ";", &save); q; q = strtok_r(NULL, ";", &save)) {
+            int a = 1, b = 1, sc = 8, kb = 0;
+            if (sscanf(q, "%d,%d,%d,%d", &a, &b, &sc, &kb) < 3) continue;
+            double secs = 0;
+            g4_session_reset(s);
+            if (g4_cuda_set_tune(s->cuda, a, b, sc, kb, &err) || g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
+                g4_cuda_decode_chain(s->cuda, 128, prompt[128], 8, out, &secs, &err) ||
+                g4_cuda_decode_chain(s->cuda, 128, prompt[128], n_tok, out, &secs, &err)) {
+                fprintf(stderr, "tune %s: %s\n", q, err.message);
+                break;
+            }
+            double tps = n_tok / secs, bytes = stream + kv_bytes(m, 128 + n_tok / 2);
+            printf("  tune pf_items=%d pf_self=%d split_chunks=%-2d smem_kb=%-3d ctx 128: %8.1f tok/s %8.0f GB/s %5.1f%%\n", a, b, sc, kb, tps,
+                   bytes * tps / 1e9, 100.0 * bytes * tps / bw);
+        }
+        g4_cuda_set_tune(s->cuda, 0, 0, 8, 0, &err);
     }
     /* verify blocks and the breakdown at context 128 */
     g4_session_reset(s);
@@ -112,6 +150,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
             printf(" | k=%d %.2fx", k, t / one);
         }
         printf("\n");
+        if (!bo->breakdown) goto skip_breakdown;
         static const struct {
             const char *what;
             int mask;
@@ -131,6 +170,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
         printf("    left: %d barriers + launch = %.3f ms (%.2f us per barrier)\n", n_ops - 1, t * 1e3,
                t * 1e6 / (n_ops - 1));
         g4_cuda_set_skip(s->cuda, 0);
+    skip_breakdown:
         printf("  weights-only floor at %.0f GB/s: %.3f ms/token\n", bw / 1e9, stream / bw * 1e3);
     }
     (void)step_ms;
@@ -145,12 +185,18 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw) {
 int main(int argc, char **argv) {
     const char *archs = "e2b,e4b";
     int n_tok = 128, n_layers = 0;
+    bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .breakdown = 1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) archs = argv[++i];
+        else if (!strcmp(argv[i], "--storage") && i + 1 < argc) bo.storage = argv[++i];
+        else if (!strcmp(argv[i], "--tune") && i + 1 < argc) bo.tune = argv[++i];
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) bo.ctx = argv[++i];
+        else if (!strcmp(argv[i], "--no-breakdown")) bo.breakdown = 0;
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--tokens N] [--layers N]\n");
+            fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
+                            "[--tune pf,self,split;...] [--no-breakdown]\n");
             return 2;
         }
     }
@@ -169,7 +215,7 @@ int main(int argc, char **argv) {
     char list[256];
     snprintf(list, sizeof list, "%s", archs);
     int rc = 0;
-    for (char *a = strtok(list, ","); a; a = strtok(NULL, ",")) rc |= bench_arch(a, n_tok, n_layers, bw);
+    for (char *a = strtok(list, ","); a; a = strtok(NULL, ",")) rc |= bench_arch(a, n_tok, n_layers, bw, &bo);
     return rc;
 }
 #else

@@ -53,6 +53,19 @@ if [ -n "$FIX" ]; then
   cat "$LOG.exact" >>"$LOG"
   summary+=("$r gpu_exact: $(tail -n 1 "$LOG.exact")")
 fi
+# quantised weights (GGUF Q8_0/Q4_0, MLX 4/8-bit, QAT int4/int8): fixtures converted with
+# `g4 convert`, each compared with the same weights dequantised to f32 on the CPU (both sides then
+# use float activations; the CPU's own quantised path quantises activations to int8). Informational.
+QFIX=${G4_QFIX:-.gpu/qfix}; QREF=${G4_QREF:-.gpu/qref}
+if [ -d "$QFIX" ] && [ -d "$QREF" ]; then
+  say "== GPU quantised weights vs CPU (dequantised f32)"
+  pairs=()
+  for d in "$QFIX"/*/; do d=${d%/}; pairs+=("$d=$QREF/$(basename "$d")"); done
+  timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens 64 "${pairs[@]}" >"$LOG.quant" 2>&1
+  cat "$LOG.quant" | tee -a "$LOG" >/dev/null
+  grep -v '^PASS' "$LOG.quant"
+  summary+=("INFO quantised: $(tail -n 1 "$LOG.quant")")
+fi
 if [ "${G4_SKIP_BENCH:-0}" != 1 ]; then
   say "== benchmark"
   if run timeout "${G4_BENCH_TIMEOUT:-400}" "$BUILD/bench/gpu_bench" ${G4_BENCH_ARGS:-}; then r=PASS; else r=FAIL; fail=1; fi

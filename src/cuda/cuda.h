@@ -27,8 +27,8 @@ typedef struct g4_cuda g4_cuda;
 g4_status g4_cuda_probe(char *desc, size_t desc_len, g4_error *err);
 
 /* Uploads m's weights and allocates the cache for n_ctx positions and blocks of max_batch tokens.
- * m must outlive the session. Fails with G4_ERR_UNSUPPORTED for weight formats the GPU does not
- * run yet (quantised matrices). */
+ * m must outlive the session. Quantised matrices (GGUF Q8_0 / Q4_0, MLX affine and QAT at 4 or 8
+ * bits) are rearranged into the kernels' layout; other formats fail with G4_ERR_UNSUPPORTED. */
 g4_status g4_cuda_create(const struct g4_model *m, int n_ctx, int max_batch, g4_cuda **out, g4_error *err);
 void g4_cuda_free(g4_cuda *c);
 
@@ -71,6 +71,12 @@ g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *tokens, int M
                                g4_error *err);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);
+/* Tuning for benchmarks: items per row team prefetched into L2 ahead of the next matmul stage
+ * (0: none; default 1), prefetch of each team's next item within a stage (default 1), and the
+ * most 16-byte chunks a lane streams per row before rows are split over more warps (default 8;
+ * this one changes the reduction order, so compare logits only within one setting), and the
+ * shared memory per block in KB (0: keep; less leaves more L1 but tiles fewer tokens). */
+g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb, g4_error *err);
 /* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
 g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
 /* The persistent kernel's grid (blocks), stages per token and bytes of device memory in use. */

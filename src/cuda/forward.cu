@@ -39,12 +39,42 @@ DEV float ldv(const float *p) { return __ldg(p); }
 DEV float bf16f(unsigned h) { return __uint_as_float(h << 16); }
 DEV float f16f(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
 
-/* element (r, c) of a dense matrix as float (embedding gathers) */
-DEV float mat_at(const g4c_mat &m, long long r, int c) {
+/* L2 prefetch of a 16-byte aligned range (bytes a multiple of 16); asynchronous, no registers */
+DEV void pf_l2(const void *p, long long bytes) {
+    while (bytes > 0) {
+        unsigned n = bytes > (1 << 20) ? (1u << 20) : (unsigned)bytes;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+        p = (const char *)p + n;
+        bytes -= n;
+    }
+}
+
+DEV int px(int i) { return i + ((i >> 5) << 2); } /* padded input-tile index (program.h) */
+
+/* scale or bias g of a quantised row */
+DEV float q_param(const char *row, int off, int stype, int g) {
+    if (stype == G4C_S_F32) return __ldg((const float *)(row + off) + g);
+    unsigned h = __ldg((const unsigned short *)(row + off) + g);
+    return stype == G4C_S_F16 ? f16f(h) : bf16f(h);
+}
+
+/* element (r, c) of a matrix as float (embedding gathers); out of line: code size is time here
+ * (every stage's code is fetched again from L2 when the instruction cache has moved on) */
+DEVN float mat_at(const g4c_mat &m, long long r, int c) {
     const char *row = (const char *)m.data + r * m.row_bytes;
     if (m.type == G4C_F32) return __ldg((const float *)row + c);
-    unsigned h = __ldg((const unsigned short *)row + c);
-    return m.type == G4C_F16 ? f16f(h) : bf16f(h);
+    if (m.type == G4C_F16 || m.type == G4C_BF16) {
+        unsigned h = __ldg((const unsigned short *)row + c);
+        return m.type == G4C_F16 ? f16f(h) : bf16f(h);
+    }
+    unsigned byte = __ldg((const unsigned char *)row + (m.type == G4C_Q8 ? c : c >> 1));
+    float q;
+    if (m.type == G4C_Q8) q = (m.flags & G4C_QF_SIGNED) ? (float)(int)(signed char)byte : (float)byte;
+    else q = (float)(int)(((c & 1) ? byte >> 4 : byte & 15u)) - ((m.flags & G4C_QF_SIGNED) ? 8.0f : 0.0f);
+    const int g = c / m.group;
+    float v = q_param(row, m.sc_off, m.stype, g) * q;
+    if (m.flags & G4C_QF_BIAS) v = v + q_param(row, m.bi_off, m.stype, g);
+    return v;
 }
 
 DEV float gelu_tanh(float x) {
@@ -115,54 +145,127 @@ template <> __device__ __forceinline__ void unpack<G4C_F16>(const uint4 &w, floa
     f[4] = f16f(w.z & 0xffffu); f[5] = f16f(w.z >> 16);
     f[6] = f16f(w.w & 0xffffu); f[7] = f16f(w.w >> 16);
 }
+/* quantised chunks go through codes_q8 / codes_q4; these only complete the template */
+template <> __device__ __forceinline__ void unpack<G4C_Q8>(const uint4 &, float *) {}
+template <> __device__ __forceinline__ void unpack<G4C_Q4>(const uint4 &, float *) {}
 template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, float *f) {
     f[0] = __uint_as_float(w.x); f[1] = __uint_as_float(w.y);
     f[2] = __uint_as_float(w.z); f[3] = __uint_as_float(w.w);
 }
 
-/* acc[r][m] = w_r · x_m for the warp. Lane l owns 16-byte chunks l, l+32, ... in ascending order,
- * one fmaf accumulator per (row, token); then the xor butterfly. The unroll U only groups loads
- * ahead of their use; it never changes the sequence of operations on any accumulator. */
+/* Quantised codes become exact floats as 2^23 + q (q in the low mantissa bits) minus 2^23 and the
+ * zero point. */
+/* acc[r][m] = w_r · x_m (r < 2) for team warp j of S. Lane l of warp j owns 16-byte chunks
+ * 32j + l, 32j + l + 32S, ... in ascending order, one fmaf accumulator per (row, token); then the
+ * xor butterfly (the caller adds the S warp sums in order). The unroll U only groups loads ahead
+ * of their use; it never changes the sequence of operations on any accumulator. x is a padded
+ * input tile (row stride ldx). */
 template <int T, int MTT>
-DEV void dot2(const char *w0, const char *w1, int K, const float *x, int ldx, int mt, float (&acc)[2][G4C_MT]) {
-    constexpr int E = T == G4C_F32 ? 4 : 8;
-    constexpr int U = 4;
-    const int lane = threadIdx.x & 31, nch = K / E;
+DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const float *x, int ldx, int mt, int j, int S,
+              float (&acc)[2][G4C_MT]) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+    constexpr int U = T == G4C_Q4 ? 2 : 4;
+    const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
+    const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
 #pragma unroll
     for (int m = 0; m < MTT; m++) a0[m] = a1[m] = 0.0f;
-    for (int c0 = lane; c0 < nch; c0 += 32 * U) {
+#pragma unroll 1
+    for (int c0 = 32 * j + lane; c0 < nch; c0 += step * U) {
         uint4 wv0[U], wv1[U];
+        float s0[U], s1[U], b0[U], b1[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int c = c0 + 32 * u;
+            const int c = c0 + step * u;
             if (c < nch) {
                 wv0[u] = ld_w16(w0 + (size_t)c * 16);
                 wv1[u] = ld_w16(w1 + (size_t)c * 16);
+                if (Q) {
+                    const int g = c * E / wm.group;
+                    s0[u] = q_param(w0, wm.sc_off, wm.stype, g);
+                    s1[u] = q_param(w1, wm.sc_off, wm.stype, g);
+                    b0[u] = bias ? q_param(w0, wm.bi_off, wm.stype, g) : 0.0f;
+                    b1[u] = bias ? q_param(w1, wm.bi_off, wm.stype, g) : 0.0f;
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int c = c0 + 32 * u;
-            if (c < nch) {
+            const int c = c0 + step * u;
+            if (c >= nch) continue;
+            const float *xc = x + px(c * E);
+            if (!Q) {
                 float f0[E], f1[E];
                 unpack<T>(wv0[u], f0);
                 unpack<T>(wv1[u], f1);
 #pragma unroll
+                for (int e = 0; e < E; e += 4) {
+#pragma unroll
+                    for (int m = 0; m < MTT; m++) {
+                        if (m < mt) {
+                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                            a0[m] = fmaf(f0[e], v.x, a0[m]);
+                            a1[m] = fmaf(f1[e], v.x, a1[m]);
+                            a0[m] = fmaf(f0[e + 1], v.y, a0[m]);
+                            a1[m] = fmaf(f1[e + 1], v.y, a1[m]);
+                            a0[m] = fmaf(f0[e + 2], v.z, a0[m]);
+                            a1[m] = fmaf(f1[e + 2], v.z, a1[m]);
+                            a0[m] = fmaf(f0[e + 3], v.w, a0[m]);
+                            a1[m] = fmaf(f1[e + 3], v.w, a1[m]);
+                        }
+                    }
+                }
+            } else {
+                /* per chunk: d = codes · x (float, exact codes), then acc += s·d (+ b·Σx) */
+                const unsigned ww0[4] = {wv0[u].x, wv0[u].y, wv0[u].z, wv0[u].w};
+                const unsigned ww1[4] = {wv1[u].x, wv1[u].y, wv1[u].z, wv1[u].w};
+                float d0[MTT], d1[MTT], sx[MTT];
+#pragma unroll
+                for (int m = 0; m < MTT; m++) d0[m] = d1[m] = sx[m] = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; e += 4) {
+                    float f0[4], f1[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int el = e + i;
+                        unsigned q0, q1;
+                        if (T == G4C_Q8) {
+                            const unsigned flip = sgn ? 0x80u : 0u;
+                            q0 = ((ww0[el >> 2] >> (8 * (el & 3))) & 255u) ^ flip;
+                            q1 = ((ww1[el >> 2] >> (8 * (el & 3))) & 255u) ^ flip;
+                        } else {
+                            q0 = (ww0[el >> 3] >> (4 * (el & 7))) & 15u;
+                            q1 = (ww1[el >> 3] >> (4 * (el & 7))) & 15u;
+                        }
+                        const float z = T == G4C_Q8 ? (sgn ? 8388736.0f : 8388608.0f) : (sgn ? 8388616.0f : 8388608.0f);
+                        f0[i] = __uint_as_float(0x4B000000u | q0) - z;
+                        f1[i] = __uint_as_float(0x4B000000u | q1) - z;
+                    }
+#pragma unroll
+                    for (int m = 0; m < MTT; m++) {
+                        if (m < mt) {
+                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                            d0[m] = fmaf(f0[0], v.x, d0[m]);
+                            d1[m] = fmaf(f1[0], v.x, d1[m]);
+                            d0[m] = fmaf(f0[1], v.y, d0[m]);
+                            d1[m] = fmaf(f1[1], v.y, d1[m]);
+                            d0[m] = fmaf(f0[2], v.z, d0[m]);
+                            d1[m] = fmaf(f1[2], v.z, d1[m]);
+                            d0[m] = fmaf(f0[3], v.w, d0[m]);
+                            d1[m] = fmaf(f1[3], v.w, d1[m]);
+                            if (bias) sx[m] = ((sx[m] + v.x) + v.y) + (v.z + v.w);
+                        }
+                    }
+                }
+#pragma unroll
                 for (int m = 0; m < MTT; m++) {
                     if (m < mt) {
-                        const float *xp = x + (size_t)m * ldx + (size_t)c * E;
-#pragma unroll
-                        for (int j = 0; j < E; j += 4) {
-                            float4 v = *reinterpret_cast<const float4 *>(xp + j);
-                            a0[m] = fmaf(f0[j], v.x, a0[m]);
-                            a1[m] = fmaf(f1[j], v.x, a1[m]);
-                            a0[m] = fmaf(f0[j + 1], v.y, a0[m]);
-                            a1[m] = fmaf(f1[j + 1], v.y, a1[m]);
-                            a0[m] = fmaf(f0[j + 2], v.z, a0[m]);
-                            a1[m] = fmaf(f1[j + 2], v.z, a1[m]);
-                            a0[m] = fmaf(f0[j + 3], v.w, a0[m]);
-                            a1[m] = fmaf(f1[j + 3], v.w, a1[m]);
+                        a0[m] = fmaf(s0[u], d0[m], a0[m]);
+                        a1[m] = fmaf(s1[u], d1[m], a1[m]);
+                        if (bias) {
+                            a0[m] = fmaf(b0[u], sx[m], a0[m]);
+                            a1[m] = fmaf(b1[u], sx[m], a1[m]);
                         }
                     }
                 }
@@ -176,13 +279,6 @@ DEV void dot2(const char *w0, const char *w1, int K, const float *x, int ldx, in
     }
 }
 
-DEV void dot2_any(int type, const char *w0, const char *w1, int K, const float *x, int ldx, int mt,
-                  float (&acc)[2][G4C_MT]) {
-    if (type == G4C_BF16) dot2<G4C_BF16, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
-    else if (type == G4C_F16) dot2<G4C_F16, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
-    else dot2<G4C_F32, G4C_MT>(w0, w1, K, x, ldx, mt, acc);
-}
-
 /* ---- shared-memory layout of the tail (after the input tile) ---------------------------------- */
 
 typedef struct {
@@ -191,6 +287,7 @@ typedef struct {
     int *bi;       /* [WARPS][MT] */
     float *mn;     /* [WARPS] */
     int *flag;     /* [4] */
+    float *tp;     /* [2][WARPS][2][MT] team partials (double-buffered) */
 } tail_t;
 
 DEV tail_t tail_of(float *sm, const g4c_params &p) {
@@ -200,6 +297,7 @@ DEV tail_t tail_of(float *sm, const g4c_params &p) {
     t.bi = (int *)(t.bv + G4C_WARPS * G4C_MT);
     t.mn = (float *)(t.bi + G4C_WARPS * G4C_MT);
     t.flag = (int *)(t.mn + G4C_WARPS);
+    t.tp = (float *)(t.flag + 4);
     return t;
 }
 
@@ -216,49 +314,57 @@ DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *
      * cross-thread steps are the block reductions */
     for (int m = 0; m < mt; m++) {
         const int tm = t0 + m;
-        float *v = sm + (size_t)m * K;
+        float *v = sm + (size_t)m * G4C_TILE_LD(K);
         if (in.kind == G4C_IN_CONCAT) { /* drafter: [E_target[tok] * s, carried hidden] */
             const int H = K / 2;
             const int tok = step == 0 ? ldi(&p.ctl->dtok0) : ldi(&p.ctl->drafts[step - 1]);
+#pragma unroll 1
             for (int i = tid; i < H; i += G4C_THREADS) {
-                v[i] = mat_at(in.emb, tok, i) * in.emb_scale;
-                v[H + i] = lda(in.hid + i);
+                v[px(i)] = mat_at(in.emb, tok, i) * in.emb_scale;
+                v[px(H + i)] = lda(in.hid + i);
             }
             continue;
         }
         const float *x = in.x + (size_t)tm * in.ldx;
-#pragma unroll 4
-        for (int i = tid; i < K; i += G4C_THREADS) v[i] = lda(x + i);
+#pragma unroll 1
+        for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = lda(x + i);
         if (in.kind != G4C_IN_NORM) continue;
         if (in.t) { /* residual: v += rms_w(t_w)(t) */
             const float *t = in.t + (size_t)tm * K;
             double ss = 0;
-#pragma unroll 4
+#pragma unroll 1
             for (int i = tid; i < K; i += G4C_THREADS) {
                 double a = lda(t + i);
                 ss += a * a;
             }
             float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
-#pragma unroll 4
-            for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] + lda(t + i) * inv * ldv(in.t_w + i);
+#pragma unroll 1
+            for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] + lda(t + i) * inv * ldv(in.t_w + i);
         }
         if (in.has_scalar)
-            for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * in.scalar;
+#pragma unroll 1
+            for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * in.scalar;
         if (writer && in.x_out)
-            for (int i = tid; i < K; i += G4C_THREADS) in.x_out[(size_t)tm * K + i] = v[i];
+#pragma unroll 1
+            for (int i = tid; i < K; i += G4C_THREADS) in.x_out[(size_t)tm * K + i] = v[px(i)];
         if (writer && in.dbg)
-            for (int i = tid; i < K; i += G4C_THREADS) in.dbg[(size_t)tm * K + i] = v[i];
+#pragma unroll 1
+            for (int i = tid; i < K; i += G4C_THREADS) in.dbg[(size_t)tm * K + i] = v[px(i)];
         if (in.norm != G4C_NORM_NONE) {
             double ss = 0;
-            for (int i = tid; i < K; i += G4C_THREADS) ss += (double)v[i] * v[i];
+#pragma unroll 1
+            for (int i = tid; i < K; i += G4C_THREADS) ss += (double)v[px(i)] * v[px(i)];
             float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
             if (in.norm == G4C_NORM_RMS)
-                for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * inv * ldv(in.norm_w + i);
+#pragma unroll 1
+                for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * inv * ldv(in.norm_w + i);
             else
-                for (int i = tid; i < K; i += G4C_THREADS) v[i] = v[i] * inv * in.norm_scale * ldv(in.norm_w + i);
+#pragma unroll 1
+                for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * inv * in.norm_scale * ldv(in.norm_w + i);
             if (writer && in.normed_out)
+#pragma unroll 1
                 for (int i = tid; i < K; i += G4C_THREADS)
-                    in.normed_out[(size_t)tm * K + (size_t)step * in.normed_step + i] = v[i];
+                    in.normed_out[(size_t)tm * K + (size_t)step * in.normed_step + i] = v[px(i)];
         }
     }
     __syncthreads();
@@ -275,6 +381,7 @@ DEVN void finish_argmax(const g4c_params &p, int m0, int m1, int kind, int step,
     __syncthreads();
     if (!flag[0]) return;
     __threadfence();
+#pragma unroll 1
     for (int m = m0 + (int)threadIdx.x; m < m1; m += G4C_THREADS) {
         float bv = -INFINITY;
         int bi = INT_MAX;
@@ -335,6 +442,7 @@ DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *
 DEVN void op_embed(const g4c_op *op, const g4c_params &p) {
     const int H = op->table.cols, M = p.M;
     const size_t n = (size_t)M * H;
+#pragma unroll 1
     for (size_t idx = (size_t)blockIdx.x * G4C_THREADS + threadIdx.x; idx < n; idx += (size_t)gridDim.x * G4C_THREADS) {
         int m = (int)(idx / H), i = (int)(idx % H);
         int tok = ldi(&p.ctl->tokens[m]);
@@ -342,94 +450,193 @@ DEVN void op_embed(const g4c_op *op, const g4c_params &p) {
     }
 }
 
-DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
-    const tail_t tl = tail_of(sm, p);
-    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
-    const int nparts = (op->lm && !p.want_logits) ? 0 : op->nparts;
-    const int pair = op->epi == G4C_EPI_GELU_PAIR, epi = op->epi;
-    const int K = op->part[0].w.cols;
-    int items[G4C_MAXPART] = {0, 0, 0, 0}, total = 0, amax = 0;
-    if (pair) {
-        if (nparts) total = items[0] = op->part[0].w.rows;
+/* A matmul stage's items: row pairs of each part (gate/up pairs: one row of each) */
+typedef struct {
+    int items[G4C_MAXPART], total, nparts, pair;
+} mm_shape;
+
+DEV mm_shape mm_shape_of(const g4c_op *op, const g4c_params &p) {
+    mm_shape sh;
+    sh.nparts = (op->lm && !p.want_logits) ? 0 : op->nparts;
+    sh.pair = op->epi == G4C_EPI_GELU_PAIR;
+    sh.total = 0;
+    for (int i = 0; i < G4C_MAXPART; i++) sh.items[i] = 0;
+    if (sh.pair) {
+        if (sh.nparts) sh.total = sh.items[0] = op->part[0].w.rows;
     } else {
-        for (int i = 0; i < nparts; i++) {
-            items[i] = (op->part[i].w.rows + 1) / 2;
-            total += items[i];
+        for (int i = 0; i < sh.nparts; i++) {
+            sh.items[i] = (op->part[i].w.rows + 1) / 2;
+            sh.total += sh.items[i];
         }
     }
-    for (int i = 0; i < nparts; i++)
-        if (op->part[i].argmax) amax = op->part[i].argmax;
-    int mt_cap = p.smem_in_floats / K;
-    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    return sh;
+}
+
+/* the rows of item it: part index, first row, whether a second row exists, row pointers */
+DEV int mm_item(const g4c_op *op, const mm_shape &sh, int it, int *r0, int *has1, const char **w0, const char **w1) {
+    int pi = 0, li = it;
+    while (li >= sh.items[pi]) {
+        li -= sh.items[pi];
+        pi++;
+    }
+    const g4c_mat &w = op->part[pi].w;
+    if (sh.pair) {
+        *r0 = li;
+        *has1 = 1;
+        *w0 = (const char *)w.data + (size_t)li * w.row_bytes;
+        *w1 = (const char *)op->part[1].w.data + (size_t)li * op->part[1].w.row_bytes;
+    } else {
+        *r0 = 2 * li;
+        *has1 = *r0 + 1 < w.rows;
+        *w0 = (const char *)w.data + (size_t)*r0 * w.row_bytes;
+        *w1 = *has1 ? *w0 + w.row_bytes : *w0;
+    }
+    return pi;
+}
+
+DEVN void mm_prefetch_item(const g4c_op *op, const mm_shape &sh, int it) {
+    int r0, has1, pi;
+    const char *w0, *w1;
+    pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+    const long long rb = op->part[pi].w.row_bytes;
+    if (!sh.pair && has1) pf_l2(w0, 2 * rb);
+    else {
+        pf_l2(w0, rb);
+        if (has1) pf_l2(w1, sh.pair ? op->part[1].w.row_bytes : rb);
+    }
+}
+
+/* The first p.pf_items items of every row team of the matmul stage op (this block's teams) into
+ * L2: they stream in while the current stage and the barrier run. */
+DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp) {
+    if (p.pf_items <= 0 || op->kind != G4C_OP_MATMUL) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, S = op->split;
+    if (lane || warp % S || (only_warp >= 0 && warp != only_warp)) return;
+    const mm_shape sh = mm_shape_of(op, p);
+    const int tpb = G4C_WARPS / S, tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb;
+    for (int k = 0, it = tg; k < p.pf_items && it < sh.total; k++, it += nteams) mm_prefetch_item(op, sh, it);
+}
+
+/* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
+ * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
+ * its accumulators in registers; the token count only decides how many accumulators exist, each
+ * sees the same operations. */
+template <int T, int MTT>
+__device__ __noinline__ void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
+    const tail_t tl = tail_of(sm, p);
+    const mm_shape sh = mm_shape_of(op, p);
+    const int pair = sh.pair, epi = op->epi, total = sh.total, S = op->split;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
+    const int tg = blockIdx.x * tpb + team, nteams = gridDim.x * tpb;
+    const bool lead = j == 0, pf_self = p.pf_self != 0;
     const float cap = op->cap;
-    for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
-        const int mt = min(mt_cap, M - t0);
-        load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
-        float bv[G4C_MT];
-        int bi[G4C_MT];
+    int parity = 0;
+    float bv[G4C_MT];
+    int bi[G4C_MT];
 #pragma unroll
-        for (int m = 0; m < G4C_MT; m++) {
-            bv[m] = -INFINITY;
-            bi[m] = INT_MAX;
-        }
-        for (int it = gw; it < total; it += nw) {
-            int pi = 0, li = it;
-            while (li >= items[pi]) {
-                li -= items[pi];
-                pi++;
-            }
-            const g4c_part *P0 = &op->part[pi];
-            const g4c_mat w = P0->w;
-            int r0, has1;
-            const char *w0, *w1;
-            if (pair) {
-                r0 = li;
-                has1 = 1;
-                w0 = (const char *)w.data + (size_t)li * w.row_bytes;
-                w1 = (const char *)op->part[1].w.data + (size_t)li * op->part[1].w.row_bytes;
-            } else {
-                r0 = 2 * li;
-                has1 = r0 + 1 < w.rows;
-                w0 = (const char *)w.data + (size_t)r0 * w.row_bytes;
-                w1 = has1 ? w0 + w.row_bytes : w0;
-            }
-            float acc[2][G4C_MT];
-            dot2_any(w.type, w0, w1, K, sm, K, mt, acc);
-            if (lane == 0) {
-                float *y = P0->y + (size_t)step * P0->y_step;
-                const int ldy = P0->ldy, track = P0->argmax;
+    for (int m = 0; m < G4C_MT; m++) {
+        bv[m] = -INFINITY;
+        bi[m] = INT_MAX;
+    }
+#pragma unroll 1
+    for (int it = tg; it < total; it += nteams) {
+        int r0, has1;
+        const char *w0, *w1;
+        const int pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+        if (pf_self && lead && lane == 0 && it + nteams < total) mm_prefetch_item(op, sh, it + nteams);
+        const g4c_part *P0 = &op->part[pi];
+        float acc[2][G4C_MT];
+        dot2<T, MTT>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc);
+        if (S > 1) { /* the team's warp sums, added in warp order by warp 0 */
+            float *tp = tl.tp + (size_t)parity * G4C_WARPS * 2 * G4C_MT;
+            parity ^= 1;
+            if (lane == 0)
 #pragma unroll
-                for (int m = 0; m < G4C_MT; m++) {
-                    const size_t tm = (size_t)(t0 + m);
-                    if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+                for (int m = 0; m < MTT; m++) {
+                    tp[(warp * 2 + 0) * G4C_MT + m] = acc[0][m];
+                    tp[(warp * 2 + 1) * G4C_MT + m] = acc[1][m];
+                }
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * S) : "memory");
+            if (lead && lane == 0)
+#pragma unroll
+                for (int m = 0; m < MTT; m++)
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++) {
-                        if (m < mt && !pair && (rr == 0 || has1)) {
-                            const int r = r0 + rr;
-                            float v = acc[rr][m];
-                            if (epi == G4C_EPI_SOFTCAP) v = cap * tanhf(v / cap);
-                            else if (epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
-                            y[tm * ldy + r] = v;
-                            if (P0->y2) P0->y2[(size_t)step * P0->y2_step + tm * ldy + r] = v;
-                            if (track && better(v, r, bv[m], bi[m])) {
-                                bv[m] = v;
-                                bi[m] = r;
-                            }
+                        float v = tp[(warp * 2 + rr) * G4C_MT + m];
+                        for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
+                        acc[rr][m] = v;
+                    }
+        }
+        if (lead && lane == 0) {
+            float *y = P0->y + (size_t)step * P0->y_step;
+            float *y2 = P0->y2;
+            const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                const size_t tm = (size_t)(t0 + m);
+                if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    if (m < mt && !pair && (rr == 0 || has1)) {
+                        const int r = r0 + rr;
+                        float v = acc[rr][m];
+                        if (epi == G4C_EPI_SOFTCAP) v = cap * tanhf(v / cap);
+                        else if (epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
+                        y[tm * ldy + r] = v;
+                        if (y2) y2[(size_t)step * P0->y2_step + tm * ldy + r] = v;
+                        if (track && better(v, r, bv[m], bi[m])) {
+                            bv[m] = v;
+                            bi[m] = r;
                         }
                     }
                 }
             }
         }
-        if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+    }
+    if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+}
+
+template <int MTT>
+DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
+    switch (type) {
+    case G4C_BF16: mm_tile<G4C_BF16, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_F16: mm_tile<G4C_F16, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_Q8: mm_tile<G4C_Q8, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_Q4: mm_tile<G4C_Q4, MTT>(op, p, step, sm, t0, mt, amax); break;
+    default: mm_tile<G4C_F32, MTT>(op, p, step, sm, t0, mt, amax); break;
+    }
+}
+
+/* a matmul stage: its parts share one weight type (the host splits stages where they differ) */
+DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
+    const mm_shape sh = mm_shape_of(op, p);
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), type = op->part[0].w.type;
+    int amax = 0;
+    for (int i = 0; i < sh.nparts; i++)
+        if (op->part[i].argmax) amax = op->part[i].argmax;
+    int mt_cap = p.smem_in_floats / ldk;
+    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    const int warp = threadIdx.x >> 5;
+    for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
+        const int mt = min(mt_cap, M - t0);
+        load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
+        if (sh.total) {
+            if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);
+            else if (mt <= 4) mm_tile_t<4>(type, op, p, step, sm, t0, mt, amax);
+            else mm_tile_t<G4C_MT>(type, op, p, step, sm, t0, mt, amax);
+        }
+        if (t0 + mt_cap >= M && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, warp);
         __syncthreads();
     }
     if (amax) finish_argmax(p, m_begin, M, amax, step, 0, tl.flag);
 }
 
 /* One warp: y = rms_w(w)(x) over d (w NULL: weightless), then RoPE at pos when rope. x may be y. */
-DEV void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, float theta, int pos,
+DEVN void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, float theta, int pos,
                         float eps, float *buf) {
     const int lane = threadIdx.x & 31;
     float r[G4C_MAXD / 32];
@@ -443,10 +650,12 @@ DEV void warp_norm_rope(const float *x, float *y, const float *w, int d, int rop
             ss += (double)r[k] * r[k];
         }
     float inv = rms_inv(warp_sum_d(ss), d, eps);
+#pragma unroll 1
     for (int i = lane; i < d; i += 32) buf[i] = w ? buf[i] * inv * ldv(w + i) : buf[i] * inv;
     __syncwarp();
     const int half = d / 2;
     if (rope) {
+#pragma unroll 1
         for (int i = lane; i < half; i += 32) {
             float a = buf[i], b = buf[i + half];
             if (i < R) {
@@ -460,6 +669,7 @@ DEV void warp_norm_rope(const float *x, float *y, const float *w, int d, int rop
             }
         }
     } else {
+#pragma unroll 1
         for (int i = lane; i < d; i += 32) y[i] = buf[i];
     }
     __syncwarp();
@@ -471,6 +681,7 @@ DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
     float *buf = sm + warp * G4C_MAXD;
+#pragma unroll 1
     for (int it = gw; it < Mq * per; it += nw) {
         const int m = it / per, j = it % per, pq = op->drafter ? p.qpos : pos0 + m;
         if (j < nH) {
@@ -507,7 +718,10 @@ DEV const float *kv_row(const float *stage, const float *cache, int cap, int sta
     return j >= stage_from ? stage + (size_t)(j - stage_from) * row : cache + (size_t)(j % cap) * row;
 }
 
-DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+/* GB: a compile-time bound on the query heads per KV head (only the instance in use occupies the
+ * instruction cache); each head's arithmetic is the same in every instance */
+template <int GB>
+__device__ __noinline__ void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int Mq = op->drafter ? 1 : p.M;
     const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
@@ -519,6 +733,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         total += nkv * nch;
     }
     float *qs = sm, *sc = sm + group * d, *smx = sc + group * G4C_KCHUNK, *ssum = smx + G4C_MAXGROUP;
+#pragma unroll 1
     for (int it = blockIdx.x; it < total; it += gridDim.x) {
         int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
         for (;; m++) {
@@ -534,15 +749,17 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         for (int i = tid; i < group * d / 4; i += G4C_THREADS) reinterpret_cast<float4 *>(qs)[i] = lda4(qsrc + 4 * i);
         __syncthreads();
         /* scores: a warp per key, lanes over float4 chunks of the head, then the butterfly */
+#pragma unroll 1
         for (int j = warp; j < n; j += G4C_WARPS) {
             const float *kr = kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + (size_t)g * d;
-            float a[G4C_MAXGROUP];
+            float a[GB];
 #pragma unroll
-            for (int hh = 0; hh < G4C_MAXGROUP; hh++) a[hh] = 0.0f;
+            for (int hh = 0; hh < GB; hh++) a[hh] = 0.0f;
+#pragma unroll 1
             for (int c4 = lane; c4 < d / 4; c4 += 32) {
                 float4 kv = lda4(kr + 4 * c4);
 #pragma unroll
-                for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+                for (int hh = 0; hh < GB; hh++) {
                     if (hh < group) {
                         float4 q = *reinterpret_cast<const float4 *>(qs + hh * d + 4 * c4);
                         a[hh] = fmaf(q.x, kv.x, a[hh]);
@@ -553,7 +770,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
                 }
             }
 #pragma unroll
-            for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+            for (int hh = 0; hh < GB; hh++) {
                 if (hh < group) {
                     float s = warp_sum_f(a[hh]);
                     if (lane == 0) sc[hh * G4C_KCHUNK + j] = s;
@@ -561,11 +778,14 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
             }
         }
         __syncthreads();
+#pragma unroll 1
         for (int hh = warp; hh < group; hh += G4C_WARPS) {
             float mx = -INFINITY;
+#pragma unroll 1
             for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[hh * G4C_KCHUNK + j]);
             mx = warp_max_f(mx);
             float s = 0.0f;
+#pragma unroll 1
             for (int j = lane; j < n; j += 32) {
                 float e = expf(sc[hh * G4C_KCHUNK + j] - mx);
                 sc[hh * G4C_KCHUNK + j] = e;
@@ -579,10 +799,12 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         }
         __syncthreads();
         float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2);
+#pragma unroll 1
         for (int e = tid; e < d; e += G4C_THREADS) {
-            float o[G4C_MAXGROUP];
+            float o[GB];
 #pragma unroll
-            for (int hh = 0; hh < G4C_MAXGROUP; hh++) o[hh] = 0.0f;
+            for (int hh = 0; hh < GB; hh++) o[hh] = 0.0f;
+#pragma unroll 1
             for (int j0 = 0; j0 < n; j0 += 8) { /* 8 loads in flight, then the adds in key order */
                 float vv[8];
 #pragma unroll
@@ -593,13 +815,13 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
                 for (int u = 0; u < 8; u++) {
                     if (j0 + u < n) {
 #pragma unroll
-                        for (int hh = 0; hh < G4C_MAXGROUP; hh++)
+                        for (int hh = 0; hh < GB; hh++)
                             if (hh < group) o[hh] = fmaf(sc[hh * G4C_KCHUNK + j0 + u], vv[u], o[hh]);
                     }
                 }
             }
 #pragma unroll
-            for (int hh = 0; hh < G4C_MAXGROUP; hh++) {
+            for (int hh = 0; hh < GB; hh++) {
                 if (hh < group) {
                     if (nch == 1)
                         op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o[hh] / ssum[hh];
@@ -616,6 +838,14 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     }
 }
 
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+    const int group = op->n_heads / op->n_kv;
+    if (group <= 2) attn_t<2>(op, p, pos0, sm);
+    else if (group <= 4) attn_t<4>(op, p, pos0, sm);
+    else if (group <= 8) attn_t<8>(op, p, pos0, sm);
+    else attn_t<G4C_MAXGROUP>(op, p, pos0, sm);
+}
+
 /* Queries whose keys span several chunks: combine the partials in chunk order. A warp per
  * (token, head, 32 dims). */
 DEVN void op_attn_combine(const g4c_op *op, const g4c_params &p, int pos0) {
@@ -629,6 +859,7 @@ DEVN void op_attn_combine(const g4c_op *op, const g4c_params &p, int pos0) {
         attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
         if (nch > 1) total += nH * slices;
     }
+#pragma unroll 1
     for (int it = gw; it < total; it += nw) {
         int m = 0, rest = it, lo, cf, nch;
         for (;; m++) {
@@ -645,6 +876,7 @@ DEVN void op_attn_combine(const g4c_op *op, const g4c_params &p, int pos0) {
 #pragma unroll 8
         for (int ci = 0; ci < nch; ci++) mx = fmaxf(mx, lda(base + ci * stride));
         float s = 0.0f, o = 0.0f;
+#pragma unroll 1
         for (int c0 = 0; c0 < nch; c0 += 8) { /* loads first, then the sums in chunk order */
             float cm[8], cs[8], ca[8];
 #pragma unroll
@@ -672,6 +904,7 @@ DEVN void op_ple(const g4c_op *op, const g4c_params &p) {
     const int L = op->L, P = op->P, M = p.M;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+#pragma unroll 1
     for (int it = gw; it < M * L; it += nw) {
         const int m = it / L, l = it % L, tok = ldi(&p.ctl->tokens[m]);
         float *pl = op->out + (size_t)m * op->out_ld + (size_t)l * P;
@@ -702,6 +935,7 @@ DEVN void op_ple(const g4c_op *op, const g4c_params &p) {
 DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int E = op->E, K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
+#pragma unroll 1
     for (int m = blockIdx.x; m < M; m += gridDim.x) {
         if (tid == 0) {
             float *pr = sm;
@@ -732,58 +966,76 @@ DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
         }
         const float *x1 = op->x1 + (size_t)m * H;
         double ss = 0;
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) {
             double a = lda(x1 + i);
             ss += a * a;
         }
         float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) op->x2[(size_t)m * H + i] = lda(x1 + i) * inv * ldv(op->pre2_w + i);
         __syncthreads();
     }
 }
 
 /* The top-k experts of every token: gate/up pairs over x2 (ex_pair) or down over their output. */
-DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
-    const int K = op->topk, Im = op->Im, H = op->H, M = p.M, pair = op->ex_pair;
-    const int kin = pair ? H : Im, rpt = pair ? 1 : K; /* input length, input rows per token */
+template <int T>
+__device__ __noinline__ void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk) {
+    const int K = op->topk, Im = op->Im, H = op->H, pair = op->ex_pair;
+    const int rpt = pair ? 1 : K, kin = pair ? H : Im;
     const int per_k = pair ? Im : (H + 1) / 2, per_tok = K * per_k;
-    const g4c_mat w = op->ew;
+    const g4c_mat &w = op->ew;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
-    int mt_cap = p.smem_in_floats / (kin * rpt);
+#pragma unroll 1
+    for (int it = gw; it < mt * per_tok; it += nw) {
+        const int m = it / per_tok, rest = it % per_tok, k = rest / per_k, li = rest % per_k;
+        const int e = ldi(op->top_e + (size_t)(t0 + m) * K + k);
+        const float *x = sm + ((size_t)m * rpt + (pair ? 0 : k)) * ldk;
+        const char *w0, *w1;
+        int r0 = li, has1 = 1;
+        if (pair) {
+            w0 = (const char *)w.data + ((size_t)e * 2 * Im + li) * w.row_bytes;
+            w1 = (const char *)w.data + ((size_t)e * 2 * Im + Im + li) * w.row_bytes;
+        } else {
+            r0 = 2 * li;
+            has1 = r0 + 1 < H;
+            w0 = (const char *)w.data + ((size_t)e * H + r0) * w.row_bytes;
+            w1 = has1 ? w0 + w.row_bytes : w0;
+        }
+        float acc[2][G4C_MT];
+        dot2<T, 1>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc);
+        if (lane == 0) {
+            const size_t mk = (size_t)(t0 + m) * K + k;
+            if (pair) {
+                op->ex_out[mk * Im + li] = gelu_tanh(acc[0][0]) * acc[1][0];
+            } else {
+                op->ex_out[mk * H + r0] = acc[0][0];
+                if (has1) op->ex_out[mk * H + r0 + 1] = acc[1][0];
+            }
+        }
+    }
+}
+
+DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
+    const int K = op->topk, Im = op->Im, H = op->H, M = p.M, pair = op->ex_pair;
+    const int kin = pair ? H : Im, rpt = pair ? 1 : K;
+    const int ldk = G4C_TILE_LD(kin);
+    int mt_cap = p.smem_in_floats / (ldk * rpt);
     if (mt_cap > G4C_MT) mt_cap = G4C_MT;
     for (int t0 = 0; t0 < M; t0 += mt_cap) {
         const int mt = min(mt_cap, M - t0);
-        const size_t nin = (size_t)mt * rpt * kin;
         const float *src = op->ex_in + (size_t)t0 * rpt * kin;
-        for (size_t i = threadIdx.x; i < nin; i += G4C_THREADS) sm[i] = lda(src + i);
+        for (int r = 0; r < mt * rpt; r++)
+#pragma unroll 1
+            for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
         __syncthreads();
-        for (int it = gw; it < mt * per_tok; it += nw) {
-            const int m = it / per_tok, rest = it % per_tok, k = rest / per_k, li = rest % per_k;
-            const int e = ldi(op->top_e + (size_t)(t0 + m) * K + k);
-            const float *x = sm + ((size_t)m * rpt + (pair ? 0 : k)) * kin;
-            const char *w0, *w1;
-            int r0 = li, has1 = 1;
-            if (pair) {
-                w0 = (const char *)w.data + ((size_t)e * 2 * Im + li) * w.row_bytes;
-                w1 = (const char *)w.data + ((size_t)e * 2 * Im + Im + li) * w.row_bytes;
-            } else {
-                r0 = 2 * li;
-                has1 = r0 + 1 < H;
-                w0 = (const char *)w.data + ((size_t)e * H + r0) * w.row_bytes;
-                w1 = has1 ? w0 + w.row_bytes : w0;
-            }
-            float acc[2][G4C_MT];
-            dot2_any(w.type, w0, w1, kin, x, kin, 1, acc);
-            if (lane == 0) {
-                const size_t mk = (size_t)(t0 + m) * K + k;
-                if (pair) {
-                    op->ex_out[mk * Im + li] = gelu_tanh(acc[0][0]) * acc[1][0];
-                } else {
-                    op->ex_out[mk * H + r0] = acc[0][0];
-                    if (has1) op->ex_out[mk * H + r0 + 1] = acc[1][0];
-                }
-            }
+        switch (op->ew.type) {
+        case G4C_BF16: expert_tile<G4C_BF16>(op, sm, t0, mt, ldk); break;
+        case G4C_F16: expert_tile<G4C_F16>(op, sm, t0, mt, ldk); break;
+        case G4C_Q8: expert_tile<G4C_Q8>(op, sm, t0, mt, ldk); break;
+        case G4C_Q4: expert_tile<G4C_Q4>(op, sm, t0, mt, ldk); break;
+        default: expert_tile<G4C_F32>(op, sm, t0, mt, ldk); break;
         }
         __syncthreads();
     }
@@ -794,16 +1046,20 @@ DEVN void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
     float *dn = sm, *o = sm + H;
+#pragma unroll 1
     for (int m = blockIdx.x; m < M; m += gridDim.x) {
         float *f = op->f + (size_t)m * H;
         double ss = 0;
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) {
             dn[i] = lda(f + i);
             ss += (double)dn[i] * dn[i];
         }
         float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) dn[i] = dn[i] * inv * ldv(op->post1_w + i);
         ss = 0;
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) {
             float acc = 0.0f;
             for (int k = 0; k < K; k++)
@@ -812,6 +1068,7 @@ DEVN void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
             ss += (double)acc * acc;
         }
         inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
         for (int i = tid; i < H; i += G4C_THREADS) f[i] = dn[i] + o[i] * inv * ldv(op->post2_w + i);
         __syncthreads();
     }
@@ -823,6 +1080,7 @@ DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int C = op->C, K = op->topk, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     float *cv = sm;
+#pragma unroll 1
     for (int i = tid; i < C; i += G4C_THREADS) {
         cv[i] = lda(op->cent + i);
         op->cflag[i] = 0;
@@ -831,6 +1089,7 @@ DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
     for (int k = 0; k < K; k++) {
         float bv = -INFINITY;
         int bi = INT_MAX;
+#pragma unroll 1
         for (int i = tid; i < C; i += G4C_THREADS)
             if (cv[i] > -INFINITY && better(cv[i], i, bv, bi)) {
                 bv = cv[i];
@@ -864,6 +1123,17 @@ DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
     }
 }
 
+/* one token, any weight type (the drafter's centroid head: off the decode path) */
+DEVN void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, const float *x, int ldx, float (&acc)[2][G4C_MT]) {
+    switch (w.type) {
+    case G4C_BF16: dot2<G4C_BF16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    case G4C_F16: dot2<G4C_F16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    case G4C_Q8: dot2<G4C_Q8, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    case G4C_Q4: dot2<G4C_Q4, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    default: dot2<G4C_F32, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    }
+}
+
 /* step 2: score the chosen clusters' tokens against y; min and argmax over them */
 DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *sm) {
     const tail_t tl = tail_of(sm, p);
@@ -871,7 +1141,8 @@ DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *
     const int warp = tid >> 5, lane = tid & 31;
     const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
     float *logits = op->logits + (size_t)step * op->V;
-    for (int i = tid; i < h; i += G4C_THREADS) sm[i] = lda(op->y + i);
+#pragma unroll 1
+    for (int i = tid; i < h; i += G4C_THREADS) sm[px(i)] = lda(op->y + i);
     __syncthreads();
     float bv[G4C_MT], mn = INFINITY;
     int bi[G4C_MT];
@@ -880,6 +1151,7 @@ DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *
         bv[m] = -INFINITY;
         bi[m] = INT_MAX;
     }
+#pragma unroll 1
     for (int it = gw; it < (n + 1) / 2; it += nw) {
         const int j0 = 2 * it, j1 = j0 + 1, has1 = j1 < n;
         const int t0 = __ldg(op->order + (size_t)ldi(op->cidx + j0 / per) * per + j0 % per);
@@ -887,7 +1159,7 @@ DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *
         const char *w0 = (const char *)op->emb_d.data + (size_t)t0 * op->emb_d.row_bytes;
         const char *w1 = (const char *)op->emb_d.data + (size_t)t1 * op->emb_d.row_bytes;
         float acc[2][G4C_MT];
-        dot2_any(op->emb_d.type, w0, w1, h, sm, h, 1, acc);
+        dot2_one(op->emb_d, w0, w1, h, sm, G4C_TILE_LD(h), acc);
         if (lane == 0) {
             logits[t0] = acc[0][0];
             mn = fminf(mn, acc[0][0]);
@@ -920,18 +1192,20 @@ DEVN void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
     if (!p.want_logits) return;
     const float fill = lda(&p.ctl->dmin) - 1.0f;
     float *logits = op->logits + (size_t)step * op->V;
+#pragma unroll 1
     for (int t = blockIdx.x * G4C_THREADS + threadIdx.x; t < op->V; t += gridDim.x * G4C_THREADS)
         if (!ldi(op->cflag + __ldg(op->cluster_of + t))) logits[t] = fill;
 }
 
 /* ---- the kernel ------------------------------------------------------------------------------------ */
 
-__global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const g4c_params p) {
+__global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
     extern __shared__ __align__(16) float sm[];
     const int pos0 = ldi(&p.ctl->pos);
     for (int step = 0; step < p.n_steps; step++) {
         for (int s = 0; s < p.n_ops; s++) {
             const g4c_op *op = p.ops + s;
+            if (op->kind != G4C_OP_MATMUL && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, -1);
             if (!(p.skip & op->cls)) {
                 switch (op->kind) {
                 case G4C_OP_EMBED: op_embed(op, p); break;

@@ -4,9 +4,12 @@
  * Every stage is executed by the whole grid, then a grid-wide barrier. A stage's work items split
  * *output elements only*; each output element is reduced by one fixed procedure whatever M is,
  * which block computes it, or how tokens are tiled (exactness contract, engineering.md §1):
- *   matmul   one warp per output row; lane l owns the 16-byte chunks l, l+32, l+64, ... of the
- *            row in ascending order (fmaf into one accumulator per token), then a fixed xor
- *            butterfly across the 32 lanes;
+ *   matmul   a team of S warps per pair of output rows, S fixed by the stage's shape (program
+ *            field `split`, from K and the weight type only); lane l of team warp j owns the
+ *            16-byte chunks 32j+l, 32j+l+32S, ... of the row in ascending order (fmaf into one
+ *            accumulator per token; quantised chunks: a float dot of codes per chunk, then
+ *            acc = fmaf(scale, dot, acc) [+ fmaf(bias, sum x, ...)]), a fixed xor butterfly
+ *            across the 32 lanes, then the S warp sums added in warp order;
  *   norms    sum of squares in double, block-strided then a fixed tree;
  *   attention keys split at absolute multiples of G4C_KCHUNK, chunk partials combined in chunk
  *            order; the split depends on the query position only.
@@ -26,16 +29,32 @@ enum {
     G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
 };
 
-/* weight element types on the device (dense only for now) */
-enum { G4C_F32 = 0, G4C_F16 = 1, G4C_BF16 = 2 };
+/* weight element types on the device. Dense rows are the checkpoint's; quantised rows are
+ * rearranged at upload into one layout for every source format (GGUF Q8_0/Q4_0, MLX affine 4/8,
+ * QAT int4/int8): [codes][scales][biases], padded to 16 bytes. Codes are an LSB-first stream of
+ * 8-bit (Q8) or 4-bit (Q4) values, element i of the row at bits [i·b, (i+1)·b); w = s·(q − z) + b
+ * with z = 128 / 8 for signed codes (Q8 read as int8), 0 for unsigned ones; one scale (and bias)
+ * per `group` columns (group ≥ 32), stored as f32, f16 or bf16. */
+enum { G4C_F32 = 0, G4C_F16 = 1, G4C_BF16 = 2, G4C_Q8 = 3, G4C_Q4 = 4 };
+enum { G4C_QF_SIGNED = 1, G4C_QF_BIAS = 2 };          /* g4c_mat.flags */
+enum { G4C_S_F32 = 0, G4C_S_F16 = 1, G4C_S_BF16 = 2 }; /* g4c_mat.stype */
 
 typedef struct g4c_mat {
     const void *data;     /* device; row r at data + r * row_bytes */
     long long row_bytes;
     int rows, cols;
-    int type;             /* G4C_F32 / F16 / BF16 */
-    int pad_;
+    int type;             /* G4C_F32 / F16 / BF16 / Q8 / Q4 */
+    int group;            /* quantised: columns per scale */
+    int flags, stype;     /* quantised: G4C_QF_*, scale dtype */
+    int sc_off, bi_off;   /* quantised: byte offsets of the scales and biases within a row */
 } g4c_mat;
+
+/* elements per 16-byte chunk of a row */
+#define G4C_CHUNK_ELEMS(t) ((t) == G4C_F32 ? 4 : (t) == G4C_Q8 ? 16 : (t) == G4C_Q4 ? 32 : 8)
+/* Input tiles in shared memory are padded by 4 floats after every 32 (element i at
+ * i + 4·(i / 32)), so a warp's float4 reads of its lanes' chunks hit distinct banks for every
+ * chunk width; a tile row of K elements takes G4C_TILE_LD(K) floats. */
+#define G4C_TILE_LD(K) ((K) + (((K) + 31) >> 5) * 4)
 
 /* op kinds */
 enum {
@@ -98,6 +117,9 @@ typedef struct g4c_in {
 typedef struct g4c_op {
     int kind, cls;
     int lm;               /* tokens [lm_from, M) only; no rows when the launch wants no logits */
+    int split;            /* matmul: warps per row team (1, 2, 4, 8 or 16; from the shape only) */
+    int pf_next;          /* index of the next matmul stage (its first rows are prefetched into
+                             L2 while this stage and the barrier run), -1: none */
     /* matmul */
     g4c_in in;
     int nparts;
@@ -182,6 +204,8 @@ typedef struct g4c_params {
     int *amax_idx;        /* [grid][G4C_MAXB] index */
     float *amin_part;     /* [grid] */
     int smem_in_floats;   /* shared floats for the input tile */
+    int pf_items;         /* row teams' items of the next matmul prefetched ahead (0: off) */
+    int pf_self;          /* 1: each team prefetches its next item's rows within a stage */
     float eps;            /* RMSNorm epsilon */
 } g4c_params;
 #endif

@@ -26,6 +26,7 @@
 #include <vector>
 
 extern "C" {
+#include "cpu/kernels.h"
 #include "model/drafter.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -83,6 +84,8 @@ typedef struct {
 struct g4_cuda {
     const g4_model *m;
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row;
+    int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
+    int smem_need;                       /* floats of the widest input tile row */
     size_t smem;
     cudaStream_t stream;
     cudaEvent_t ev0, ev1;
@@ -132,16 +135,109 @@ static g4_status up_vec(bump *b, const float *v, int n, const float **out, g4_er
     return upload(b, v, sizeof(float) * (size_t)n, (const void **)out, err);
 }
 
+/* One quantised row (src, in its source format) into the device layout of program.h. */
+static void quant_row(const g4_mat *m, const g4c_mat *o, int r, unsigned char *dst) {
+    const int K = m->cols, ng = K / o->group, sb = o->stype == G4C_S_F32 ? 4 : 2;
+    const unsigned char *src = (const unsigned char *)m->data + (size_t)r * m->row_bytes;
+    unsigned char *codes = dst, *sc = dst + o->sc_off, *bi = dst + o->bi_off;
+    memset(dst, 0, (size_t)o->row_bytes);
+    if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0) {
+        const int bs = m->type == G4_W_Q8_0 ? 34 : 18;
+        for (int blk = 0; blk < K / 32; blk++) {
+            const unsigned char *b = src + (size_t)blk * bs;
+            memcpy(sc + 2 * blk, b, 2); /* f16 d */
+            if (m->type == G4_W_Q8_0) memcpy(codes + 32 * blk, b + 2, 32);
+            else
+                for (int i = 0; i < 16; i++) { /* element i: qs[i] & 15 (i < 16), qs[i-16] >> 4 */
+                    unsigned e0 = (2 * i < 16) ? b[2 + 2 * i] & 15 : b[2 + 2 * i - 16] >> 4;
+                    unsigned e1 = (2 * i + 1 < 16) ? b[2 + 2 * i + 1] & 15 : b[2 + 2 * i + 1 - 16] >> 4;
+                    codes[16 * blk + i] = (unsigned char)(e0 | e1 << 4);
+                }
+        }
+        return;
+    }
+    /* AFFINE / SYMM: the codes are already an LSB-first stream; copy scales (and biases) */
+    memcpy(codes, src, o->type == G4C_Q8 ? (size_t)K : (size_t)K / 2);
+    const size_t es = m->scale_dtype == G4_DT_F32 ? 4 : 2;
+    if (m->type == G4_W_SYMM && m->group == 0) { /* one scale for the row, kept as f32 */
+        const unsigned char *p = (const unsigned char *)m->scales + (size_t)r * es * m->scale_stride;
+        float v;
+        if (es == 4) memcpy(&v, p, 4);
+        else {
+            unsigned short h;
+            memcpy(&h, p, 2);
+            v = m->scale_dtype == G4_DT_F16 ? g4_f16_to_f32(h) : g4_bf16_to_f32(h);
+        }
+        memcpy(sc, &v, 4);
+        return;
+    }
+    memcpy(sc, (const unsigned char *)m->scales + (size_t)r * es * m->scale_stride, (size_t)ng * sb);
+    if (o->flags & G4C_QF_BIAS)
+        memcpy(bi, (const unsigned char *)m->biases + (size_t)r * es * m->scale_stride, (size_t)ng * sb);
+}
+
+static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
+    const int bits = m->type == G4_W_Q8_0 ? 8 : m->type == G4_W_Q4_0 ? 4 : m->bits;
+    if ((m->type == G4_W_AFFINE || m->type == G4_W_SYMM) && bits != 4 && bits != 8)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d-bit codes; the GPU runs 4- and 8-bit ones", what,
+                       bits);
+    if (m->cols % 32) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d columns", what, m->cols);
+    out->type = bits == 8 ? G4C_Q8 : G4C_Q4;
+    out->rows = m->rows;
+    out->cols = m->cols;
+    if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0) {
+        out->group = 32;
+        out->flags = G4C_QF_SIGNED;
+        out->stype = G4C_S_F16;
+    } else if (m->type == G4_W_AFFINE) {
+        out->group = m->group;
+        out->flags = G4C_QF_BIAS;
+    } else {
+        out->group = m->group ? m->group : m->cols;
+        out->flags = G4C_QF_SIGNED;
+    }
+    if (m->type == G4_W_AFFINE || m->type == G4_W_SYMM) {
+        if (m->type == G4_W_SYMM && m->group == 0) out->stype = G4C_S_F32;
+        else out->stype = m->scale_dtype == G4_DT_F32 ? G4C_S_F32 : m->scale_dtype == G4_DT_F16 ? G4C_S_F16 : G4C_S_BF16;
+    }
+    if (out->group < 32 || out->group % 32 || m->cols % out->group)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has groups of %d columns", what, out->group);
+    const int ng = m->cols / out->group, sb = out->stype == G4C_S_F32 ? 4 : 2;
+    out->sc_off = m->cols * bits / 8;
+    out->bi_off = out->sc_off + ng * sb;
+    out->row_bytes = (out->bi_off + ((out->flags & G4C_QF_BIAS) ? ng * sb : 0) + 15) & ~15;
+    const size_t total = (size_t)out->row_bytes * (size_t)m->rows;
+    char *d = (char *)bump_take(b, total);
+    out->data = d;
+    if (b->dry) return G4_OK;
+    const int slab = 4096;
+    std::vector<unsigned char> buf((size_t)out->row_bytes * slab);
+    for (int r0 = 0; r0 < m->rows; r0 += slab) {
+        int n = m->rows - r0 < slab ? m->rows - r0 : slab;
+        for (int r = 0; r < n; r++) quant_row(m, out, r0 + r, buf.data() + (size_t)r * out->row_bytes);
+        CK(cudaMemcpy(d + (size_t)r0 * out->row_bytes, buf.data(), (size_t)n * out->row_bytes, cudaMemcpyHostToDevice),
+           "uploading weights");
+    }
+    return G4_OK;
+}
+
 static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
+    if (m->split) /* the CPU kernels' own layout: models for the GPU are loaded with keep_layout */
+        return g4_fail(err, G4_ERR_UNSUPPORTED,
+                       "%s: weights were repacked for the CPU kernels (load the model with keep_layout = 1 for a GPU session)",
+                       what);
     memset(out, 0, sizeof *out);
     if (!m->data || m->rows == 0) return G4_OK;
+    if (m->in_act_scale != 0 || m->out_act_scale != 0)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s needs activation fake-quantisation (QAT)", what);
+    if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0 || m->type == G4_W_AFFINE || m->type == G4_W_SYMM)
+        return up_quant(b, m, what, out, err);
     int t = m->type == G4_W_F32 ? G4C_F32 : m->type == G4_W_F16 ? G4C_F16 : m->type == G4_W_BF16 ? G4C_BF16 : -1;
     if (t < 0)
         return g4_fail(err, G4_ERR_UNSUPPORTED,
-                       "CUDA backend: %s is stored as %s; the GPU runs F32, F16 and BF16 weights so far", what,
-                       g4_wtype_name(m->type));
-    if (m->in_act_scale != 0 || m->out_act_scale != 0)
-        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s needs activation fake-quantisation (QAT)", what);
+                       "CUDA backend: %s is stored as %s; the GPU runs F32, F16, BF16, Q8_0, Q4_0 and 4/8-bit MLX "
+                       "affine and QAT weights",
+                       what, g4_wtype_name(m->type));
     int per = t == G4C_F32 ? 4 : 8;
     if (m->cols % per)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d columns, not a multiple of %d", what, m->cols,
@@ -178,6 +274,10 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
         if ((st = MAT(wq, "q_proj")) || (st = MAT(wo, "o_proj")) || (st = MAT(gate, "gate_proj")) ||
             (st = MAT(up, "up_proj")) || (st = MAT(down, "down_proj")))
             return st;
+        if (o->gate.type != o->up.type || o->gate.group != o->up.group || o->gate.flags != o->up.flags ||
+            o->gate.stype != o->up.stype || o->gate.sc_off != o->up.sc_off)
+            return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: layers.%d gate_proj and up_proj are stored differently",
+                           i);
         if (own && ((st = MAT(wk, "k_proj")) || (!lc->k_eq_v && (st = MAT(wv, "v_proj"))))) return st;
         if (cf->moe && ((st = MAT(router, "router.proj")) || (st = up_mat(b, &w->experts_gate_up, "experts.gate_up_proj", &o->ex_gu, err)) ||
                         (st = up_mat(b, &w->experts_down, "experts.down_proj", &o->ex_down, err))))
@@ -526,6 +626,47 @@ static void build_target(g4_cuda *c) {
     ops.push_back(o);
 }
 
+/* Row-team size of a matmul stage: enough warps per row pair that each lane streams at most
+ * split_chunks 16-byte chunks of a row. A function of the stage's shape only (never of M or of
+ * the grid), so each output keeps one reduction order. */
+static int split_of(const g4c_op &o, int split_chunks) {
+    int S = 1;
+    for (int i = 0; i < o.nparts; i++) {
+        const g4c_mat &w = o.part[i].w;
+        if (!w.data) continue;
+        const int nch = w.cols / G4C_CHUNK_ELEMS(w.type);
+        int s = 1;
+        while (s < 16 && nch > 32 * s * split_chunks) s *= 2;
+        S = s > S ? s : S;
+    }
+    return S;
+}
+
+/* splits and the next-matmul links (the L2 prefetch lookahead) of a stage list */
+static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
+    /* the kernels run one weight type per matmul stage: split stages whose parts differ (mixed
+     * quantisation recipes); each copy reads the same input, so the fold is recomputed alike */
+    for (size_t i = 0; i < ops.size(); i++) {
+        g4c_op &o = ops[i];
+        if (o.kind != G4C_OP_MATMUL || o.epi == G4C_EPI_GELU_PAIR || o.nparts < 2) continue;
+        int k = 1;
+        while (k < o.nparts && o.part[k].w.type == o.part[0].w.type) k++;
+        if (k == o.nparts) continue;
+        g4c_op rest = o;
+        rest.nparts = o.nparts - k;
+        for (int q = 0; q < rest.nparts; q++) rest.part[q] = o.part[k + q];
+        o.nparts = k;
+        ops.insert(ops.begin() + (long)i + 1, rest);
+    }
+    int next = -1;
+    for (int i = (int)ops.size() - 1; i >= 0; i--) {
+        g4c_op &o = ops[(size_t)i];
+        o.split = o.kind == G4C_OP_MATMUL ? split_of(o, c->split_chunks) : 1;
+        o.pf_next = next;
+        if (o.kind == G4C_OP_MATMUL) next = i;
+    }
+}
+
 static g4_status push_ops(std::vector<g4c_op> &ops, g4c_op **dev, g4_error *err) {
     if (*dev) cudaFree(*dev);
     *dev = NULL;
@@ -597,6 +738,9 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->m = m;
     c->n_ctx = n_ctx;
     c->max_batch = max_batch;
+    c->pf_items = 0;
+    c->pf_self = 0;
+    c->split_chunks = 8;
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
         if (e) {
@@ -606,13 +750,14 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     }
     {
         /* every stage's input row must fit the shared-memory tile */
-        int need = cf->hidden;
+        int need = G4C_TILE_LD(cf->hidden);
         for (int i = 0; i < cf->n_layers; i++) {
-            int nq = cf->n_heads * cf->layers[i].head_dim, I = cf->layers[i].mlp_width;
+            int nq = G4C_TILE_LD(cf->n_heads * cf->layers[i].head_dim), I = G4C_TILE_LD(cf->layers[i].mlp_width);
             need = nq > need ? nq : need;
             need = I > need ? I : need;
         }
-        if (cf->moe && cf->top_k_experts * cf->moe_width > need) need = cf->top_k_experts * cf->moe_width;
+        if (cf->moe && cf->top_k_experts * G4C_TILE_LD(cf->moe_width) > need) need = cf->top_k_experts * G4C_TILE_LD(cf->moe_width);
+        c->smem_need = need;
         if (need > c->smem_in) {
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: an input row of %d floats exceeds shared memory (%d)", need,
                          c->smem_in);
@@ -645,6 +790,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     }
     if ((st = alloc_scratch(c, err))) goto fail;
     build_target(c);
+    finish_ops(c, c->ops);
     if ((st = push_ops(c->ops, &c->d_ops, err))) goto fail;
     *out = c;
     return G4_OK;
@@ -693,6 +839,8 @@ static g4c_params base_params(const g4_cuda *c) {
     p.amax_idx = c->amax_idx;
     p.amin_part = c->amin_part;
     p.smem_in_floats = c->smem_in;
+    p.pf_items = c->pf_items;
+    p.pf_self = c->pf_self;
     p.eps = c->m->cfg.rms_eps;
     p.skip = c->skip;
     return p;
@@ -753,6 +901,7 @@ extern "C" g4_status g4_cuda_set_debug(g4_cuda *c, int on, g4_error *err) {
         CK(cudaMemset(c->dbg, 0, sizeof(float) * n), "clearing the dump buffer");
     }
     build_target(c);
+    finish_ops(c, c->ops);
     return push_ops(c->ops, &c->d_ops, err);
 }
 
@@ -969,7 +1118,7 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
                                        d->cfg.n_centroids > c->smem_in))
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter centroid head with %d centroids is not supported",
                        d->cfg.n_centroids);
-    if (2 * c->m->cfg.hidden > c->smem_in) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter input too wide");
+    if (G4C_TILE_LD(2 * c->m->cfg.hidden) > c->smem_in) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter input too wide");
     bump b = {NULL, 0, 1};
     g4_status st = upload_drafter(c, d, &b, err);
     if (st) return st;
@@ -993,6 +1142,7 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
         CK(cudaMemcpy(c->d_cluster, cluster.data(), sizeof(int) * (size_t)V, cudaMemcpyHostToDevice), "uploading clusters");
     }
     build_drafter(c, d);
+    finish_ops(c, c->dops);
     if ((st = push_ops(c->dops, &c->d_dops, err))) {
         drafter_release(c);
         return st;
@@ -1088,6 +1238,34 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
+
+extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb,
+                                      g4_error *err) {
+    CK(cudaStreamSynchronize(c->stream), "synchronising");
+    if (smem_kb > 0) { /* less shared memory leaves more L1 for the stack (callee-saved registers) */
+        int grid = 0, smem_in = 0;
+        size_t smem = 0;
+        CK(g4c_kernel_shape(c->dev, &grid, &smem, &smem_in), "sizing the persistent kernel");
+        size_t want = (size_t)smem_kb * 1024;
+        if (want < smem) {
+            smem_in = (int)((want - G4C_TAIL) / sizeof(float)) & ~3;
+            smem = want;
+        }
+        if (smem_in < c->smem_need) return g4_fail(err, G4_ERR_ARG, "CUDA backend: %d KB of shared memory is too little", smem_kb);
+        c->smem = smem;
+        c->smem_in = smem_in;
+    }
+    c->pf_items = pf_items < 0 ? 0 : pf_items;
+    c->pf_self = !!pf_self;
+    c->split_chunks = split_chunks < 1 ? 1 : split_chunks;
+    build_target(c);
+    finish_ops(c, c->ops);
+    g4_status st = push_ops(c->ops, &c->d_ops, err);
+    if (st || !c->dr) return st;
+    build_drafter(c, c->dr);
+    finish_ops(c, c->dops);
+    return push_ops(c->dops, &c->d_dops, err);
+}
 
 extern "C" g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err) {
     float4 *buf = NULL;

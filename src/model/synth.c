@@ -667,7 +667,7 @@ g4_status g4_model_synth(const char *arch, const g4_synth_options *o, const char
     if (!st) st = g4_source_open_synth(&m->src, &m->cfg, json, o, storage, err);
     free(json);
     if (!st) st = g4_model_bind(m, err);
-    if (!st) { /* in memory the original stays too: repack only while both fit comfortably */
+    if (!st && !(o && o->keep_layout)) { /* in memory the original stays too: repack only while both fit comfortably */
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
         size_t ram = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
         st = g4_model_repack(m, ram / 3, err);
