@@ -25,19 +25,36 @@ typedef struct {
     g4_wtype type;
     int bits, group;
     g4_dtype sdt;
+    int split; /* repacked into the kernels' layout, as loaders do (cpu/quant.h) */
 } bcfg;
 
 static const bcfg cfgs[] = {
-    {"F32", G4_W_F32, 0, 0, G4_DT_F32},      {"F16", G4_W_F16, 0, 0, G4_DT_F32},
-    {"BF16", G4_W_BF16, 0, 0, G4_DT_F32},    {"Q8_0", G4_W_Q8_0, 0, 0, G4_DT_F32},
-    {"Q4_0", G4_W_Q4_0, 0, 0, G4_DT_F32},    {"Q4_1", G4_W_Q4_1, 0, 0, G4_DT_F32},
-    {"Q5_0", G4_W_Q5_0, 0, 0, G4_DT_F32},    {"Q5_1", G4_W_Q5_1, 0, 0, G4_DT_F32},
-    {"Q4_K", G4_W_Q4_K, 0, 0, G4_DT_F32},    {"Q5_K", G4_W_Q5_K, 0, 0, G4_DT_F32},
-    {"Q6_K", G4_W_Q6_K, 0, 0, G4_DT_F32},    {"MLX4g64", G4_W_AFFINE, 4, 64, G4_DT_BF16},
-    {"MLX8g64", G4_W_AFFINE, 8, 64, G4_DT_BF16}, {"MLX3g64", G4_W_AFFINE, 3, 64, G4_DT_BF16},
-    {"MLX6g64", G4_W_AFFINE, 6, 64, G4_DT_BF16}, {"MLX2g32", G4_W_AFFINE, 2, 32, G4_DT_BF16},
-    {"QAT8", G4_W_SYMM, 8, 0, G4_DT_F32},    {"QAT4", G4_W_SYMM, 4, 0, G4_DT_F32},
-    {"QAT2", G4_W_SYMM, 2, 0, G4_DT_F32},
+    {"F32", G4_W_F32, 0, 0, G4_DT_F32, 0},
+    {"F16", G4_W_F16, 0, 0, G4_DT_F32, 0},
+    {"BF16", G4_W_BF16, 0, 0, G4_DT_F32, 0},
+    {"Q8_0", G4_W_Q8_0, 0, 0, G4_DT_F32, 0},
+    {"Q4_0", G4_W_Q4_0, 0, 0, G4_DT_F32, 0},
+    {"Q4_1", G4_W_Q4_1, 0, 0, G4_DT_F32, 0},
+    {"Q5_0", G4_W_Q5_0, 0, 0, G4_DT_F32, 0},
+    {"Q5_1", G4_W_Q5_1, 0, 0, G4_DT_F32, 0},
+    {"Q4_K", G4_W_Q4_K, 0, 0, G4_DT_F32, 0},
+    {"Q5_K", G4_W_Q5_K, 0, 0, G4_DT_F32, 0},
+    {"Q6_K", G4_W_Q6_K, 0, 0, G4_DT_F32, 0},
+    {"MLX4g64", G4_W_AFFINE, 4, 64, G4_DT_BF16, 0},
+    {"MLX8g64", G4_W_AFFINE, 8, 64, G4_DT_BF16, 0},
+    {"MLX3g64", G4_W_AFFINE, 3, 64, G4_DT_BF16, 0},
+    {"MLX6g64", G4_W_AFFINE, 6, 64, G4_DT_BF16, 0},
+    {"MLX2g32", G4_W_AFFINE, 2, 32, G4_DT_BF16, 0},
+    {"QAT8", G4_W_SYMM, 8, 0, G4_DT_F32, 0},
+    {"QAT4", G4_W_SYMM, 4, 0, G4_DT_F32, 0},
+    {"QAT2", G4_W_SYMM, 2, 0, G4_DT_F32, 0},
+    {"Q8_0 split", G4_W_Q8_0, 0, 0, G4_DT_F32, 1},
+    {"Q4_0 split", G4_W_Q4_0, 0, 0, G4_DT_F32, 1},
+    {"Q4_1 split", G4_W_Q4_1, 0, 0, G4_DT_F32, 1},
+    {"MLX4g64 split", G4_W_AFFINE, 4, 64, G4_DT_BF16, 1},
+    {"MLX8g64 split", G4_W_AFFINE, 8, 64, G4_DT_BF16, 1},
+    {"QAT4 split", G4_W_SYMM, 4, 0, G4_DT_F32, 1},
+    {"QAT8 split", G4_W_SYMM, 8, 0, G4_DT_F32, 1},
 };
 
 static double now_s(void) {
@@ -106,6 +123,14 @@ static int make(const bcfg *c, int rows, int cols, bmat *o) {
     free(sc);
     free(bi);
     free(x);
+    if (c->split) {
+        size_t n = (g4_mat_repack_size(m) + 63) / 64 * 64;
+        void *mem = n ? aligned_alloc(64, n) : NULL;
+        if (!mem) return -1;
+        g4_mat_repack(m, mem, m);
+        free(o->data);
+        o->data = mem;
+    }
     return 0;
 }
 

@@ -44,7 +44,11 @@ const char *g4_status_name(g4_status s);
 typedef struct g4_model g4_model;
 
 typedef struct g4_model_options {
-    int reserved; /* zero-initialise; room for future options without breaking the ABI */
+    /* 0 (default): on CPUs with AVX-512, quantised matrices with a faster CPU layout (Q4_0, Q4_1,
+     * Q8_0, 4/8-bit MLX and QAT) are repacked into it at load (a copy in memory; the same values,
+     * summed in that layout's own fixed order).
+     * 1: every matrix stays in the file's layout, memory-mapped (e.g. for a GPU session). */
+    int keep_layout;
 } g4_model_options;
 
 /* path: a Hugging Face checkpoint directory (config.json + model.safetensors or a sharded
@@ -98,6 +102,11 @@ typedef struct g4_session_options {
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out,
                             g4_error *err);
+/* G4_OK when sessions can run on `device` here (CUDA: a GPU and driver are present and the
+ * library was built with CUDA); otherwise G4_ERR_UNSUPPORTED saying why. desc (may be NULL)
+ * receives a one-line description of the device. Load models for a GPU session with
+ * g4_model_options.keep_layout = 1. */
+g4_status g4_device_probe(int device, char *desc, size_t desc_len, g4_error *err);
 void g4_session_free(g4_session *s);
 /* Forget every token: the next forward starts at position 0. */
 void g4_session_reset(g4_session *s);

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "cpu/kernels.h"
+#include "cpu/act.h"
 #include "cpu/kernels_internal.h"
 #include "cpu/quant.h"
 #include "test_util.h"
@@ -418,6 +419,40 @@ static void test_matmul_exactness(void **state) {
                         free(y);
                     }
                 }
+            /* the kernels' split layout of the same matrix: the same dequantised rows; its own
+             * canonical order, so the same bits at every ISA, M and token offset, and within the
+             * documented bound of the exact dot */
+            size_t rs = g4_mat_repack_size(&t.m);
+            if (rs) {
+                void *mem = NULL;
+                assert_int_equal(posix_memalign(&mem, 64, rs), 0);
+                tmat st = t;
+                g4_mat_repack(&t.m, mem, &st.m);
+                assert_int_equal(st.m.split, 1);
+                assert_int_equal(g4_mat_validate(&st.m, NULL), G4_OK);
+                float *row = malloc(sizeof(float) * cols);
+                for (int r = 0; r < rows; r++) {
+                    g4_mat_row_f32(&st.m, r, row);
+                    if (memcmp(row, t.dense + (size_t)r * cols, sizeof(float) * cols))
+                        fail_msg("%s split: row %d dequantises differently", cfg_name(c, name, sizeof name), r);
+                }
+                free(row);
+                float *sref = run(G4_ISA_SCALAR, 0, &st.m, x, 64);
+                check_accuracy(c, &st, x, 64, sref);
+                for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
+                    for (int mi = 0; mi < 4; mi++) {
+                        int M = Ms[mi];
+                        for (int m0 = 0; m0 + M <= 64; m0 += M == 64 ? 64 : 13) {
+                            float *y = run((g4_isa)isa, 0, &st.m, x + (size_t)m0 * cols, M);
+                            if (memcmp(y, sref + (size_t)m0 * rows, sizeof(float) * rows * M))
+                                fail_msg("%s [%d x %d] split %s M=%d token %d differs from the scalar split",
+                                         cfg_name(c, name, sizeof name), rows, cols, g4_isa_name((g4_isa)isa), M, m0);
+                            free(y);
+                        }
+                    }
+                free(sref);
+                free(mem);
+            }
             free(ref);
             free(x);
             free(wsrc);
@@ -557,6 +592,76 @@ static void test_bandwidth(void **state) {
     assert_true(gbs > 0.1 && gbs < 10000);
 }
 
+
+/* The element-wise kernels: every ISA level gives the scalar bits, and the values stay close to
+ * libm's (the forward's tolerance against the reference rests on this). */
+static void test_act(void **state) {
+    (void)state;
+    enum { N = 4099 };
+    float *x = malloc(sizeof(float) * N), *u = malloc(sizeof(float) * N), *ref = malloc(sizeof(float) * N),
+          *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) {
+        x[i] = grand() * (i % 7 == 0 ? 40.0f : 3.0f);
+        u[i] = grand();
+    }
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 200.0f, x[3] = -200.0f, x[4] = 1e-30f;
+    g4_isa best = g4_isa_best();
+    /* gelu ⊙ up */
+    memcpy(ref, x, sizeof(float) * N);
+    g4_gelu_mul_isa(G4_ISA_SCALAR, ref, u, N);
+    for (int i = 0; i < N; i++) {
+        double z = 0.7978845608028654 * (x[i] + 0.044715 * (double)x[i] * x[i] * x[i]);
+        double g = x[i] / (1 + exp(-2 * z)); /* = 0.5·x·(1 + tanh z), without tanh's cancellation */
+        /* a few ulp, plus the float rounding of z magnified by e^(-2z) where gelu is tiny */
+        double tol = (5e-7 + 2.4e-7 * fabs(2 * z)) * fabs(g * u[i]) + 1e-30; /* e^x is clamped at x = 88 */
+        if (!(fabs(ref[i] - g * u[i]) <= tol)) fail_msg("gelu(%.9g) * %.9g = %.9g, want %.9g", x[i], u[i], ref[i], g * u[i]);
+    }
+    for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
+        for (int n = 0; n <= 40; n += 13) {
+            memcpy(y, x, sizeof(float) * N);
+            g4_gelu_mul_isa((g4_isa)isa, y + n, u + n, (size_t)(N - n));
+            assert_memory_equal(y + n, ref + n, sizeof(float) * (N - n));
+        }
+    /* softcap */
+    memcpy(ref, x, sizeof(float) * N);
+    g4_softcap_isa(G4_ISA_SCALAR, ref, N, 30.0f);
+    for (int i = 0; i < N; i++) assert_true(fabs(ref[i] - 30.0 * tanh(x[i] / 30.0)) <= 4e-6);
+    for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++) {
+        memcpy(y, x, sizeof(float) * N);
+        g4_softcap_isa((g4_isa)isa, y, N, 30.0f);
+        assert_memory_equal(y, ref, sizeof(float) * N);
+    }
+    /* e^(x - m) and its sum, axpy */
+    float m = 0;
+    for (int i = 0; i < N; i++) m = x[i] > m ? x[i] : m;
+    float sref = g4_exp_sum_isa(G4_ISA_SCALAR, x, m, ref, N);
+    double sd = 0;
+    for (int i = 0; i < N; i++) {
+        double e = exp((double)x[i] - m);
+        assert_true(fabs(ref[i] - e) <= 4e-7 * e + 1e-37);
+        sd += e;
+    }
+    assert_true(fabs(sref - sd) <= 1e-5 * sd);
+    for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
+        for (int n = 1; n < 40; n += 7) {
+            float sv = g4_exp_sum_isa((g4_isa)isa, x, m, y, n);
+            float sr = g4_exp_sum_isa(G4_ISA_SCALAR, x, m, ref, n);
+            assert_memory_equal(y, ref, sizeof(float) * n);
+            assert_memory_equal(&sv, &sr, sizeof sv);
+        }
+    for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++) {
+        memcpy(y, u, sizeof(float) * N);
+        memcpy(ref, u, sizeof(float) * N);
+        g4_axpy_isa((g4_isa)isa, y, 0.37f, x, N);
+        for (int i = 0; i < N; i++) ref[i] += 0.37f * x[i];
+        assert_memory_equal(y, ref, sizeof(float) * N);
+    }
+    free(x);
+    free(u);
+    free(ref);
+    free(y);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layouts),
@@ -568,6 +673,7 @@ int main(void) {
         cmocka_unit_test(test_threads_and_views),
         cmocka_unit_test(test_full_range_codes),
         cmocka_unit_test(test_bandwidth),
+        cmocka_unit_test(test_act),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,10 @@
 #include "g4.h"
 #include "model/synth.h"
 #include "model/synth_drafter.h"
+#include "runtime/session.h"
+#ifdef G4_HAVE_CUDA
+#include "cuda/cuda.h"
+#endif
 #include "util/bandwidth.h"
 #include "util/error.h"
 
@@ -29,7 +33,9 @@ static void bench_usage(FILE *f) {
             "  --ctx LIST           context lengths (default 128,1024,4096)\n"
             "  --gen N              decode tokens timed per context (default 32)\n"
             "  --threads N          worker threads (default: all CPUs)\n"
+            "  --device D           cpu (default) or cuda\n"
             "  --no-verify          skip the verify-block table\n"
+            "  --profile            after each decode row, where a token's time went (CPU)\n"
             "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
             "                       (llama.cpp's pp512 is --prefill 512)\n"
             "  --json               also print each result as one JSON object per line (lines start with '{')\n"
@@ -146,9 +152,9 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
 
 int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
-    int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4;
+    int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
-    int json = 0, prefill = 0;
+    int json = 0, prefill = 0, device = G4_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -173,7 +179,17 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--alpha") && v) alpha_list = argv[++i];
         else if (!strcmp(a, "--draft") && v) draft_dir = argv[++i];
         else if (!strcmp(a, "--no-verify")) verify = 0;
+        else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--device") && v) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "cpu")) device = G4_DEVICE_CPU;
+            else if (!strcmp(d, "cuda")) device = G4_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "g4 bench: --device: '%s' is not cpu or cuda\n", d);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--prefill")) {
             if (cli_parse_int(a, v, 1, 1 << 20, &prefill)) return 2;
             i++;
@@ -209,9 +225,9 @@ int cmd_bench(int argc, char **argv) {
     int rc = 1;
     double t0 = now();
     if (synth) {
-        g4_synth_options so = {.seed = 1, .n_layers = layers, .n_threads = threads};
+        g4_synth_options so = {.seed = 1, .n_layers = layers, .n_threads = threads, .keep_layout = device == G4_DEVICE_CUDA};
         if (g4_model_synth(synth, &so, storage, &m, &err)) goto fail;
-    } else if (g4_model_load(model_path, NULL, &m, &err)) {
+    } else if (g4_model_load(model_path, &(g4_model_options){.keep_layout = device == G4_DEVICE_CUDA}, &m, &err)) {
         goto fail;
     }
     g4_model_info info;
@@ -219,7 +235,7 @@ int cmd_bench(int argc, char **argv) {
     printf("model: %s%s (%s, %d layers, hidden %d), %.3f GB streamed per token, ready in %.1f s\n",
            synth ? "synthetic " : "", synth ? synth : model_path, storage ? storage : synth ? "bf16" : info.arch,
            info.n_layers, info.hidden, info.weight_bytes / 1e9, now() - t0);
-    g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = 64};
+    g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = 64, .device = device};
     if (g4_session_create(m, &o, &s, &err)) goto fail;
     int nt = threads;
     if (!nt) {
@@ -227,8 +243,16 @@ int cmd_bench(int argc, char **argv) {
         nt = c > 0 ? (int)c : 1;
     }
     double bw = 0;
-    if (g4_measure_read_bandwidth(nt, (size_t)1 << 30, 5, &bw, &err)) goto fail;
-    printf("memory read bandwidth (%d threads, measured now): %.1f GB/s\n\n", nt, bw);
+    if (device == G4_DEVICE_CUDA) {
+#ifdef G4_HAVE_CUDA
+        if (g4_cuda_bandwidth((size_t)4 << 30, &bw, &err)) goto fail;
+        bw /= 1e9;
+        printf("GPU memory read bandwidth (measured now): %.0f GB/s\n\n", bw);
+#endif
+    } else {
+        if (g4_measure_read_bandwidth(nt, (size_t)1 << 30, 5, &bw, &err)) goto fail;
+        printf("memory read bandwidth (%d threads, measured now): %.1f GB/s\n\n", nt, bw);
+    }
     if (json)
         printf("{\"row\": \"model\", \"layers\": %d, \"weight_bytes\": %zu, \"threads\": %d, \"bw_gb_s\": %.3f}\n",
                info.n_layers, info.weight_bytes, nt, bw);
@@ -249,6 +273,8 @@ int cmd_bench(int argc, char **argv) {
         if (g4_session_forward(s, toks, c, G4_LOGITS_LAST, logits, &err)) goto fail;
         double pre = now() - a;
         int32_t t = argmax(logits, info.vocab);
+        s->st.profile = profile && !s->cuda;
+        memset(s->st.prof, 0, sizeof s->st.prof);
         a = now();
         for (int i = 0; i < gen; i++) {
             if (g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, &err)) goto fail;
@@ -262,6 +288,12 @@ int cmd_bench(int argc, char **argv) {
             printf("{\"row\": \"context\", \"ctx\": %d, \"gen\": %d, \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.4f, "
                    "\"bytes_per_token\": %.0f, \"gb_s\": %.3f, \"bw_gb_s\": %.3f}\n",
                    c, gen, c / pre, 1 / dec, bytes, bytes / dec / 1e9, bw);
+        if (s->st.profile) {
+            static const char *const cls[G4_PROF_N] = {"matmul", "attention", "lm head", "gelu/softcap", "other"};
+            printf("%8s ", "");
+            for (int k = 0; k < G4_PROF_N; k++) printf(" %s %.2f ms%s", cls[k], s->st.prof[k] / gen * 1e3, k + 1 < G4_PROF_N ? "," : "\n");
+            s->st.profile = 0;
+        }
         fflush(stdout);
     }
     if (prefill) {

@@ -432,7 +432,8 @@ int cmd_check(int argc, char **argv) {
         goto done;
     }
 
-    if (g4_model_load(dir, NULL, &model, &err)) {
+    g4_model_options mo = {.keep_layout = device == G4_DEVICE_CUDA};
+    if (g4_model_load(dir, &mo, &model, &err)) {
         fprintf(stderr, "g4 check: %s\n", err.message);
         goto done;
     }

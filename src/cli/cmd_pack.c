@@ -10,14 +10,17 @@
 
 static void pack_usage(FILE *f) {
     fprintf(f,
-            "usage: g4 pack IN OUT [--tokenizer FILE]\n"
+            "usage: g4 pack IN OUT [--tokenizer FILE] [--keep-layout]\n"
             "  Writes the model (or drafter) at IN — a safetensors, MLX, QAT or GGUF checkpoint, a drafter\n"
             "  folder, or another pack — as a native pack: OUT when it ends in .g4p, else OUT/model.g4p.\n"
             "  The pack holds every tensor exactly as the CPU kernels read it, the config and the tokenizer,\n"
             "  and loads by mmap in milliseconds: g4 run -m OUT, g4 bench -m OUT, --draft OUT.\n"
             "options:\n"
             "  --tokenizer FILE   tokenizer.json to carry (default: IN/tokenizer.json, or the one IN's pack\n"
-            "                     carries; without one, g4 run needs --tokenizer)\n");
+            "                     carries; without one, g4 run needs --tokenizer)\n"
+            "  --keep-layout      keep IN's weight layout (default on AVX-512 CPUs: 4- and 8-bit matrices in\n"
+            "                     the CPU kernels' split layout, mapped with no repacking; GPU sessions need\n"
+            "                     --keep-layout packs)\n");
 }
 
 int cmd_pack(int argc, char **argv) {
@@ -28,6 +31,8 @@ int cmd_pack(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             pack_usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--keep-layout")) {
+            o.keep_layout = 1;
         } else if (!strcmp(a, "--tokenizer") && i + 1 < argc) {
             o.tokenizer = argv[++i];
         } else if (a[0] != '-' && !in) {

@@ -194,7 +194,9 @@ static int engine_open(engine *e, const run_opts *o, int need_tokenizer) {
     g4_error err = {0};
     double t0 = seconds();
     if (!o->quiet) fprintf(stderr, "loading %s ...\n", o->model);
-    if (g4_model_load(o->model, NULL, &e->model, &err)) goto fail;
+    /* a GPU session takes the weights in the file's layout; the CPU's own layout is a copy */
+    g4_model_options mo = {.keep_layout = o->device != G4_DEVICE_CPU && g4_device_probe(G4_DEVICE_CUDA, NULL, 0, NULL) == G4_OK};
+    if (g4_model_load(o->model, &mo, &e->model, &err)) goto fail;
     g4_model_info info;
     g4_model_get_info(e->model, &info);
     e->vocab = info.vocab;

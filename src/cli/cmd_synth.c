@@ -2,6 +2,7 @@
  * the helpers g4 convert shares (tokenizer files, the quick load-and-forward check). */
 #include <errno.h>
 #include <math.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,12 +190,20 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Bytes of the regular files directly in dir (a model folder: weights, config, tokenizer). */
 double cli_dir_bytes(const char *dir) {
-    char p[4096];
-    struct stat sb;
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    if (!stat(p, &sb)) return (double)sb.st_size;
-    return 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    double total = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[4096];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (!stat(p, &sb) && S_ISREG(sb.st_mode)) total += (double)sb.st_size;
+    }
+    closedir(d);
+    return total;
 }
 
 int cmd_synth(int argc, char **argv) {

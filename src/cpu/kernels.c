@@ -170,8 +170,47 @@ static void xprep_token_scalar(const g4_mat *w, const float *xr, const g4_xprep 
     }
 }
 
+/* Split layout, step 1 (kernels_internal.h): the same quantisation, super-group order. */
+void g4_xprep_token_split(const g4_mat *w, const float *xr, const g4_xprep *xp, int m) {
+    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    int8_t *q = (int8_t *)g4_xp_q(xp, m);
+    size_t f = g4_xp_f(xp, m);
+    memset(q, 0, (size_t)xp->nsg * 512);
+    for (int b = 0; b < 16 * xp->nsg; b++) {
+        size_t l = f + (size_t)b;
+        if (b >= xp->nb) {
+            xp->dx[l] = 0;
+            xp->c0[l] = 0;
+            if (add) xp->xs[l] = 0;
+            continue;
+        }
+        const float *xb = xr + 32 * b;
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float id = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int8_t v = (int8_t)rne_small(xb[i] * id);
+            q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4] = v;
+            sum += v;
+        }
+        xp->dx[l] = amax / 127.0f;
+        xp->c0[l] = -off * sum;
+        if (add) {
+            float xs = xb[0];
+            for (int i = 1; i < 32; i++) xs += xb[i];
+            xp->xs[l] = xs;
+        }
+    }
+}
+
 static void xprep_token(g4_isa isa, const g4_mat *w, const float *x, const g4_xprep *xp, int m) {
     const float *xr = x + (size_t)m * w->cols;
+    if (w->split) {
+        if (isa == G4_ISA_AVX512) g4_xprep_token_split_avx512(w, xr, xp, m);
+        else g4_xprep_token_split(w, xr, xp, m);
+        return;
+    }
     int8_t *q = xp->xq + (size_t)m * xp->ngrp * 128;
     size_t f = g4_xp_f(xp, m);
     if (xp->nb % 4) { /* zero the missing blocks of a last partial group */
@@ -198,6 +237,11 @@ static void xprep_token(g4_isa isa, const g4_mat *w, const float *x, const g4_xp
 
 static size_t xprep_bytes(const g4_mat *w, int M) {
     size_t ngrp = ((size_t)w->cols / 32 + 3) / 4, nq = (size_t)M * ngrp * 128, nf = (size_t)M * ngrp * 16;
+    if (w->split) {
+        size_t nsg = ((size_t)w->cols / 32 + 15) / 16;
+        nq = (size_t)M * nsg * 512;
+        nf = (size_t)M * nsg * 16;
+    }
     return nq + nf * 4 * (2 + g4_wtype_additive(w->type) + (w->type == G4_W_Q6_K)) + 64;
 }
 
@@ -205,7 +249,9 @@ static size_t xprep_bytes(const g4_mat *w, int M) {
 static void xprep_layout(const g4_mat *w, int M, void *mem, g4_xprep *xp) {
     xp->nb = w->cols / 32;
     xp->ngrp = (xp->nb + 3) / 4;
-    size_t nf = (size_t)M * xp->ngrp * 16;
+    xp->sg = w->split;
+    xp->nsg = (xp->nb + 15) / 16;
+    size_t nf = (size_t)M * (xp->sg ? (size_t)xp->nsg : (size_t)xp->ngrp) * 16;
     int add = g4_wtype_additive(w->type), split = w->type == G4_W_Q6_K;
     uint8_t *p = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
     xp->dx = (float *)p;
@@ -295,9 +341,13 @@ void g4_wblock_get(const g4_mat *w, int r, int b, g4_wblock *o) {
     }
     case G4_W_AFFINE: case G4_W_SYMM: {
         int bits = w->bits;
-        for (int i = 0; i < 32; i++) {
-            unsigned c = g4_stream_code(p, 32L * b + i, bits);
-            o->u[i] = (uint8_t)(w->type == G4_W_SYMM && bits == 8 ? c ^ 0x80 : c);
+        if (w->split) {
+            g4_split_block(w, r, b, o->u);
+        } else {
+            for (int i = 0; i < 32; i++) {
+                unsigned c = g4_stream_code(p, 32L * b + i, bits);
+                o->u[i] = (uint8_t)(w->type == G4_W_SYMM && bits == 8 ? c ^ 0x80 : c);
+            }
         }
         size_t g = w->group > 0 ? (size_t)32 * b / (size_t)w->group : 0, si = (size_t)r * w->scale_stride + g;
         o->sw = g4_scale_at(w->scales, w->scale_dtype, si);
@@ -344,9 +394,36 @@ static inline float wconv(const g4_mat *w, const uint8_t *row, int i) {
 }
 
 #define SCALAR_TILE 8
+/* Split layout: the canonical order of kernels_internal.h, element by element. */
+void g4_rows_split_scalar(const g4_rows_args *a, int r0, int r1) {
+    const g4_mat *w = a->w;
+    const g4_xprep *xp = a->xp;
+    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    for (int r = r0; r < r1; r++)
+        for (int m = 0; m < a->M; m++) {
+            float acc[16] = {0};
+            const int8_t *q = g4_xp_q(xp, m);
+            size_t f = g4_xp_f(xp, m);
+            for (int b = 0; b < xp->nb; b++) {
+                g4_wblock wb;
+                g4_wblock_get(w, r, b, &wb);
+                int P = xp->c0[f + (size_t)b];
+                for (int i = 0; i < 32; i++) P += wb.u[i] * q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4];
+                (void)off;
+                acc[b % 16] = fmaf((float)P, wb.sw * xp->dx[f + (size_t)b], acc[b % 16]);
+                if (add) acc[b % 16] = fmaf(xp->xs[f + (size_t)b], wb.bw, acc[b % 16]);
+            }
+            a->y[(size_t)m * a->ldy + r] = g4_fold16(acc);
+        }
+}
+
 void g4_rows_scalar(const g4_rows_args *a, int r0, int r1) {
     const g4_mat *w = a->w;
     int K = w->cols;
+    if (w->split) {
+        g4_rows_split_scalar(a, r0, r1);
+        return;
+    }
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
         for (int m0 = 0; m0 < a->M; m0 += SCALAR_TILE) {
@@ -425,6 +502,107 @@ void g4_matmul_isa(g4_isa isa, g4_threadpool *pool, const g4_mat *w, const float
     }
 }
 
+/* ---- several matrices in one pass ------------------------------------------------------------ */
+
+/* Whether one prepared input serves both matrices. */
+static int prep_compatible(const g4_mat *a, const g4_mat *b) {
+    if (a->cols != b->cols || g4_wtype_is_int(a->type) != g4_wtype_is_int(b->type)) return 0;
+    if (!g4_wtype_is_int(a->type)) return 1;
+    return a->split == b->split && g4_wtype_offset(a) == g4_wtype_offset(b) && g4_wtype_additive(a->type) == g4_wtype_additive(b->type) &&
+           (a->type == G4_W_Q6_K) == (b->type == G4_W_Q6_K);
+}
+
+enum { MULTI_UNIT = 16 };
+
+typedef struct {
+    rows_fn fn;
+    g4_rows_args args[G4_MM_MAX_PARTS];
+    int n, npair, ustart[G4_MM_MAX_PARTS + 1]; /* item i (a part, or a pair) owns units [ustart[i], ustart[i+1]) */
+    g4_mm_epilogue epi;
+    void *epi_ctx;
+} multi_job;
+
+static void multi_range(void *ctx, int u0, int u1, int tid) {
+    (void)tid;
+    const multi_job *j = ctx;
+    int items = j->epi ? j->n / 2 : j->n;
+    for (int i = 0; i < items; i++) {
+        int a = u0 > j->ustart[i] ? u0 : j->ustart[i], b = u1 < j->ustart[i + 1] ? u1 : j->ustart[i + 1];
+        if (a >= b) continue;
+        const g4_rows_args *g = &j->args[j->epi ? 2 * i : i];
+        int rows = g->w->rows, r0 = (a - j->ustart[i]) * MULTI_UNIT, r1 = (b - j->ustart[i]) * MULTI_UNIT;
+        if (r1 > rows) r1 = rows;
+        j->fn(g, r0, r1);
+        if (j->epi) { /* the pair's second matrix on the same rows, then the epilogue over them */
+            j->fn(g + 1, r0, r1);
+            j->epi(j->epi_ctx, i, r0, r1);
+        }
+    }
+}
+
+static void multi_serial(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
+                         void *epi_ctx) {
+    for (int i = 0; i < n; i++) {
+        g4_matmul(pool, parts[i].w, parts[i].x ? parts[i].x : x, M, parts[i].y, parts[i].ldy);
+        if (epi && i % 2) epi(epi_ctx, i / 2, 0, parts[i].w->rows);
+    }
+}
+
+void g4_matmul_multi(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
+                     void *epi_ctx) {
+    int ok = n >= 1 && n <= G4_MM_MAX_PARTS && M <= PREP_CHUNK && (!epi || n % 2 == 0);
+    for (int i = 1; i < n && ok; i++) ok = prep_compatible(parts[0].w, parts[i].w);
+    for (int i = 0; epi && ok && i < n; i += 2) ok = parts[i].w->rows == parts[i + 1].w->rows;
+    if (!ok) {
+        multi_serial(pool, parts, n, x, M, epi, epi_ctx);
+        return;
+    }
+    g4_isa isa = g4_isa_best();
+    const g4_mat *w0 = parts[0].w;
+    multi_job j = {.fn = isa == G4_ISA_AVX512 ? g4_rows_avx512 : isa == G4_ISA_AVX2 ? g4_rows_avx2 : g4_rows_scalar,
+                   .n = n, .epi = epi, .epi_ctx = epi_ctx};
+    /* one prepared input per distinct input pointer */
+    const float *in[G4_MM_MAX_PARTS];
+    int prep_of[G4_MM_MAX_PARTS], nprep = 0;
+    for (int i = 0; i < n; i++) {
+        const float *xi = parts[i].x ? parts[i].x : x;
+        int k = 0;
+        while (k < nprep && in[k] != xi) k++;
+        if (k == nprep) in[nprep++] = xi;
+        prep_of[i] = k;
+    }
+    int is_int = g4_wtype_is_int(w0->type);
+    _Alignas(64) uint8_t stack_buf[48 << 10];
+    void *mem = NULL;
+    g4_xprep xp[G4_MM_MAX_PARTS];
+    if (is_int) {
+        size_t each = (xprep_bytes(w0, M) + 63) & ~(size_t)63, need = each * (size_t)nprep;
+        if (need > sizeof stack_buf && !(mem = malloc(need))) {
+            multi_serial(pool, parts, n, x, M, epi, epi_ctx);
+            return;
+        }
+        uint8_t *base = mem ? mem : stack_buf;
+        for (int k = 0; k < nprep; k++) {
+            xprep_layout(w0, M, base + each * (size_t)k, &xp[k]);
+            xprep_job pj = {isa, w0, in[k], &xp[k]};
+            if (!pool || M < 4) xprep_range(&pj, 0, M, 0);
+            else g4_parallel_for(pool, M, 1, xprep_range, &pj);
+        }
+    }
+    long work = 0;
+    int items = epi ? n / 2 : n;
+    for (int i = 0; i < n; i++) {
+        j.args[i] = (g4_rows_args){parts[i].w, is_int ? NULL : in[prep_of[i]], is_int ? &xp[prep_of[i]] : NULL, M,
+                                   parts[i].ldy, parts[i].y};
+        work += (long)parts[i].w->rows * parts[i].w->cols;
+    }
+    j.ustart[0] = 0;
+    for (int i = 0; i < items; i++) j.ustart[i + 1] = j.ustart[i] + (parts[epi ? 2 * i : i].w->rows + MULTI_UNIT - 1) / MULTI_UNIT;
+    if (!pool || work * (M < 4 ? M : 4) < 32768) multi_range(&j, 0, j.ustart[items], 0);
+    else g4_parallel_for(pool, j.ustart[items], 1, multi_range, &j);
+    free(mem);
+}
+
 void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy) {
     g4_matmul_isa(g4_isa_best(), pool, w, x, M, y, ldy);
 }
@@ -434,6 +612,15 @@ void g4_mat_row_f32(const g4_mat *w, int row, float *out) {
     switch (w->type) {
     case G4_W_AFFINE: case G4_W_SYMM: {
         int off = w->type == G4_W_SYMM ? 1 << (w->bits - 1) : 0;
+        if (w->split) {
+            for (int b = 0; b < w->cols / 32; b++) {
+                g4_wblock wb;
+                g4_wblock_get(w, row, b, &wb);
+                for (int i = 0; i < 32; i++)
+                    out[32 * b + i] = w->type == G4_W_SYMM ? wb.sw * (float)(wb.u[i] - off) : wb.sw * (float)wb.u[i] + wb.bw;
+            }
+            break;
+        }
         for (int c = 0; c < w->cols; c++) {
             size_t g = w->group > 0 ? (size_t)c / (size_t)w->group : 0, si = (size_t)row * w->scale_stride + g;
             int q = (int)g4_stream_code(p, c, w->bits);
@@ -454,6 +641,8 @@ void g4_mat_row_f32(const g4_mat *w, int row, float *out) {
 g4_status g4_mat_validate(const g4_mat *w, g4_error *err) {
     if (w->type >= G4_W_COUNT) return g4_fail(err, G4_ERR_TENSOR, "unknown weight type %d", (int)w->type);
     const char *tn = g4_wtype_name(w->type);
+    if (w->split && w->type != G4_W_AFFINE && w->type != G4_W_SYMM)
+        return g4_fail(err, G4_ERR_TENSOR, "%s: only affine and symmetric matrices have a split layout", tn);
     if (w->rows <= 0 || w->cols <= 0) return g4_fail(err, G4_ERR_TENSOR, "%s matrix with shape [%d, %d]", tn, w->rows, w->cols);
     size_t need = g4_wtype_row_bytes(w->type, w->cols, w->bits);
     if (!need)
@@ -469,6 +658,8 @@ g4_status g4_mat_validate(const g4_mat *w, g4_error *err) {
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales%s missing", tn, w->type == G4_W_AFFINE ? " or biases" : "");
         if (w->scale_dtype != G4_DT_F32 && w->scale_dtype != G4_DT_F16 && w->scale_dtype != G4_DT_BF16)
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales must be F32, F16 or BF16", tn);
+        if (w->split && w->bits != 4 && w->bits != 8)
+            return g4_fail(err, G4_ERR_TENSOR, "%s: the split layout holds 4- or 8-bit codes, not %d", tn, w->bits);
         if (w->scale_stride < (size_t)(w->cols / gs))
             return g4_fail(err, G4_ERR_TENSOR, "%s: scale stride %zu below %d groups", tn, w->scale_stride, w->cols / gs);
     }
@@ -483,11 +674,6 @@ void g4_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
         for (int i = 0; i < n; i++) y[i] = x[i] * inv * w[i];
     else
         for (int i = 0; i < n; i++) y[i] = x[i] * inv;
-}
-
-float g4_gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
 void g4_rope(float *x, int d, int pos, float theta, int R) {

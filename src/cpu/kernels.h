@@ -40,6 +40,8 @@ typedef struct g4_mat {
                                      [rows][cols/group] */
     g4_dtype scale_dtype;         /* F32, F16 or BF16 */
     size_t scale_stride;          /* scale elements per row */
+    int split;                    /* AFFINE / SYMM with 4 or 8 bits only: codes in the kernels'
+                                     block-split order instead of an LSB-first stream (quant.h) */
     /* QAT static activation fake-quantisation around this matrix's products (0: none):
      * v -> s == 0 ? v : clamp(round_even(v / s), -128, 127) * s on the input x before the product
      * and on the output y after it. Applied by the forward (model/forward.c), not by g4_matmul. */
@@ -77,6 +79,22 @@ float g4_dot_f16(const float *x, const uint16_t *w, int n);
 /* y[m][r] = x[m] · w[r] for m < M, r < w->rows. x is [M][w->cols], y is [M][ldy]. Threads split
  * the rows of w. */
 void g4_matmul(g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy);
+
+/* Several matrix products in one parallel pass: the threads split all their rows together, and
+ * the integer path prepares each distinct input once. Part i multiplies parts[i].x (NULL: the
+ * shared x) [M][cols]. With an epilogue, parts come in pairs (2k, 2k+1) of equal row counts
+ * (e.g. gate and up): a work item computes rows [r0, r1) of both, then calls epi(ctx, k, r0, r1).
+ * Results are bitwise those of separate g4_matmul calls. */
+enum { G4_MM_MAX_PARTS = 32 };
+typedef struct g4_mm_part {
+    const g4_mat *w;
+    float *y;
+    int ldy;
+    const float *x;
+} g4_mm_part;
+typedef void (*g4_mm_epilogue)(void *ctx, int pair, int r0, int r1);
+void g4_matmul_multi(g4_threadpool *pool, const g4_mm_part *parts, int n, const float *x, int M, g4_mm_epilogue epi,
+                     void *epi_ctx);
 
 /* out[c] = w[row][c] as float (embedding gathers, dequantising when needed). */
 void g4_mat_row_f32(const g4_mat *w, int row, float *out);

@@ -464,7 +464,8 @@ void g4_rows_avx2(const g4_rows_args *a, int r0, int r1) {
         rows_f32, rows_f16, rows_bf16, rows_q8_0, rows_q4_0, rows_q4_1, rows_q5_0,
         rows_q5_1, rows_q4_k, rows_q5_k, rows_q6_k, rows_affine, rows_symm,
     };
-    if (a->w->type < G4_W_COUNT) fns[a->w->type](a, r0, r1);
+    if (a->w->split) g4_rows_split_scalar(a, r0, r1); /* the split layout is repacked for AVX-512 only */
+    else if (a->w->type < G4_W_COUNT) fns[a->w->type](a, r0, r1);
 }
 
 /* ---- activations: step 1 of the canonical order ---------------------------------------------- */

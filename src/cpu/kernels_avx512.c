@@ -52,7 +52,7 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
         __m512 w[4];
 #pragma GCC unroll 4
         for (int v = 0; v < R; v++) {
-            _mm_prefetch((const char *)row[v] + es * i + PF_DIST, _MM_HINT_T0);
+            _mm_prefetch((const char *)row[v] + es * i + PF_DIST, _MM_HINT_T1);
             w[v] = load_w16(t, row[v], i);
         }
 #pragma GCC unroll 4
@@ -488,9 +488,9 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
 #pragma GCC unroll 4
             for (int v = 0; v < R; v++) {
                 p[v] = rw[v].row + (size_t)(j / 2) * sbytes;
-                _mm_prefetch((const char *)p[v] + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)p[v] + PF_DIST + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p[v] + PF_DIST + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)p[v] + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p[v] + PF_DIST + 128, _MM_HINT_T1);
                 if (t == G4_W_Q6_K) kdec6(p[v], &s8[v][0], &s8[v][1]);
                 else kdec45(p[v], &s8[v][0], &b8[v]);
             }
@@ -513,8 +513,8 @@ INLINE void int_tile(const g4_rows_args *a, const uctx *c, const urow *rw, int r
             for (int v = 0; v < R; v++) {
                 /* stay PF_DIST bytes ahead of the decode in every row (past a row's end this is
                  * the next row's start: rows are contiguous); prefetches never fault */
-                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST, _MM_HINT_T0);
-                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)rw[v].row + (size_t)j * gb + PF_DIST + 64, _MM_HINT_T1);
                 unpack(c, &rw[v], j, t, &g[v]);
             }
             group_acc(xp, m0, j, g, acc, R, T, t);
@@ -573,6 +573,204 @@ INLINE void int_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
     }
 }
 
+/* ---- the split layout (quant.h): dedicated loops ------------------------------------------------
+ * Per super-group of 16 blocks and row: the code vectors k[0..7] (chunk s: four codes of each
+ * block, 8-bit chunks as loaded, 4-bit chunks split into low / high nibbles), then per token
+ * eight dpbusd into one lane per block and the canonical float step once for all 16 blocks. */
+typedef struct {
+    const uint8_t *codes;
+    const float *sf, *bf; /* the row's scales (biases) per block, or NULL with s_row / b_row */
+    float s_row, b_row;
+} srow;
+
+/* Row r's scales (or biases) expanded to one float per block into out (nb floats), vectorised
+ * for groups of 32..512 columns dividing 512; other groups one block at a time. */
+T512 static const float *block_factors(const g4_mat *w, const void *src, size_t base, float *tmp, float *out) {
+    int G = w->group > 0 ? w->group : w->cols, ng = w->cols / G, nb = w->cols / 32;
+    const float *f = conv_row(src, w->scale_dtype, base, ng, tmp);
+    if (G == 32) return f;
+    if (G <= 512 && 512 % G == 0) {
+        int per = G / 32; /* blocks per group: 2, 4, 8 or 16 */
+        __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        per == 2 ? 1 : per == 4 ? 2 : per == 8 ? 3 : 4);
+        for (int g = 0; 16 * g < nb; g++) {
+            int first = 16 * g / per, left = ng - first;
+            __mmask16 k = (__mmask16)(left >= 16 ? 0xffff : (1u << left) - 1);
+            __m512 v = _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(k, f + first));
+            int n = nb - 16 * g;
+            _mm512_mask_storeu_ps(out + 16 * g, (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1), v);
+        }
+        return out;
+    }
+    for (int b = 0; b < nb; b++) out[b] = f[(size_t)32 * b / (size_t)G];
+    return out;
+}
+
+INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R, int m0, const int T, const int bits,
+                       const int add, const int row_scale) {
+    const g4_xprep *xp = a->xp;
+    const int nb = xp->nb, nsg = xp->nsg;
+    const __m512i F = _mm512_set1_epi8(15);
+    __m512 acc[4][8];
+#pragma GCC unroll 4
+    for (int v = 0; v < R; v++)
+#pragma GCC unroll 8
+        for (int u = 0; u < T; u++) acc[v][u] = _mm512_setzero_ps();
+    const size_t qstride = (size_t)nsg * 512, fstride = (size_t)nsg * 16;
+    const int8_t *q0 = g4_xp_q(xp, m0);
+    const size_t f0 = g4_xp_f(xp, m0);
+    for (int g = 0; g < nsg; g++) {
+        const int n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+        const __mmask16 lanes = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+        const __mmask64 bytes = n == 16 ? ~0ull : (1ull << (4 * n)) - 1;
+        const size_t cs = 4 * (size_t)n; /* chunk stride */
+#pragma GCC unroll 4
+        for (int v = 0; v < R; v++) {
+            const uint8_t *p = rw[v].codes + (size_t)g * 64 * bits;
+            __m512i k[8];
+            if (bits == 8) {
+                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 256, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 320, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 384, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 448, _MM_HINT_T1);
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) k[c] = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
+            } else {
+                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
+                    k[2 * c] = _mm512_and_si512(A, F);
+                    k[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(A, 4), F);
+                }
+            }
+            __m512 sw = row_scale ? _mm512_set1_ps(rw[v].s_row) : _mm512_maskz_loadu_ps(lanes, rw[v].sf + 16 * g);
+            __m512 bw = add ? (row_scale ? _mm512_set1_ps(rw[v].b_row) : _mm512_maskz_loadu_ps(lanes, rw[v].bf + 16 * g)) : sw;
+#pragma GCC unroll 8
+            for (int u = 0; u < T; u++) {
+                const int8_t *q = q0 + (size_t)u * qstride + 512 * (size_t)g;
+                size_t f = f0 + (size_t)u * fstride + 16 * (size_t)g;
+                /* two dependency chains of four (exact integers: the sum is the same) */
+                __m512i P = _mm512_loadu_si512(xp->c0 + f), P2 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    P = _mm512_dpbusd_epi32(P, k[c], _mm512_loadu_si512(q + 64 * c));
+                    P2 = _mm512_dpbusd_epi32(P2, k[c + 4], _mm512_loadu_si512(q + 64 * (c + 4)));
+                }
+                P = _mm512_add_epi32(P, P2);
+                __m512 d = _mm512_loadu_ps(xp->dx + f);
+                if (n == 16) {
+                    acc[v][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u]);
+                    if (add) acc[v][u] = _mm512_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc[v][u]);
+                } else { /* lanes of missing blocks keep their sums untouched, as the scalar loop does */
+                    acc[v][u] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u], lanes);
+                    if (add) acc[v][u] = _mm512_mask3_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc[v][u], lanes);
+                }
+            }
+        }
+    }
+    float l[16];
+#pragma GCC unroll 4
+    for (int v = 0; v < R; v++)
+#pragma GCC unroll 8
+        for (int u = 0; u < T; u++) {
+            _mm512_storeu_ps(l, acc[v][u]);
+            a->y[(size_t)(m0 + u) * a->ldy + r + v] = g4_fold16(l);
+        }
+}
+
+/* One token: R rows at once. Several: one row, its codes unpacked once per tile of up to 8 tokens
+ * (more rows per tile would only spill accumulators; activations come from L1 either way). */
+INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int R, const int bits, const int add,
+                         const int row_scale) {
+    if (a->M == 1) {
+        split_tile(a, rw, r, R, 0, 1, bits, add, row_scale);
+        return;
+    }
+    for (int v = 0; v < R; v++) {
+        int m0 = 0;
+        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, r + v, 1, m0, 8, bits, add, row_scale);
+        switch (a->M - m0) {
+        case 7: split_tile(a, rw + v, r + v, 1, m0, 7, bits, add, row_scale); break;
+        case 6: split_tile(a, rw + v, r + v, 1, m0, 6, bits, add, row_scale); break;
+        case 5: split_tile(a, rw + v, r + v, 1, m0, 5, bits, add, row_scale); break;
+        case 4: split_tile(a, rw + v, r + v, 1, m0, 4, bits, add, row_scale); break;
+        case 3: split_tile(a, rw + v, r + v, 1, m0, 3, bits, add, row_scale); break;
+        case 2: split_tile(a, rw + v, r + v, 1, m0, 2, bits, add, row_scale); break;
+        case 1: split_tile(a, rw + v, r + v, 1, m0, 1, bits, add, row_scale); break;
+        default: break;
+        }
+    }
+}
+
+/* Blocks per row whose factors are expanded on the stack (beyond: the scalar rows). */
+#define MAX_ROW_BLOCKS 2048
+
+INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int row_scale) {
+    const g4_mat *w = a->w;
+    float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
+    int R = a->M == 1 ? 4 : 2;
+    for (int r = r0; r < r1;) {
+        int n = r1 - r >= R ? R : 1;
+        srow rw[4];
+        for (int v = 0; v < n; v++) {
+            size_t base = (size_t)(r + v) * w->scale_stride;
+            rw[v].codes = (const uint8_t *)w->data + (size_t)(r + v) * w->row_bytes;
+            if (row_scale) {
+                rw[v].s_row = g4_scale_at(w->scales, w->scale_dtype, base);
+                rw[v].b_row = add ? g4_scale_at(w->biases, w->scale_dtype, base) : 0;
+            } else {
+                rw[v].sf = block_factors(w, w->scales, base, tmp, sf[v]);
+                if (rw[v].sf == tmp) { /* group 32: keep the converted row apart from the next one */
+                    memcpy(sf[v], tmp, sizeof(float) * (size_t)(w->cols / 32));
+                    rw[v].sf = sf[v];
+                }
+                rw[v].bf = add ? block_factors(w, w->biases, base, tmp, bf[v]) : NULL;
+                if (add && rw[v].bf == tmp) {
+                    memcpy(bf[v], tmp, sizeof(float) * (size_t)(w->cols / 32));
+                    rw[v].bf = bf[v];
+                }
+            }
+        }
+        if (n == 4) split_rowset(a, rw, r, 4, bits, add, row_scale);
+        else if (n == 2) split_rowset(a, rw, r, 2, bits, add, row_scale);
+        else split_rowset(a, rw, r, 1, bits, add, row_scale);
+        r += n;
+    }
+}
+
+#define SPLIT_FN(bits, add, rs) \
+    T512 static void split_##bits##_##add##_##rs(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, rs); }
+SPLIT_FN(4, 0, 0)
+SPLIT_FN(4, 0, 1)
+SPLIT_FN(4, 1, 0)
+SPLIT_FN(4, 1, 1)
+SPLIT_FN(8, 0, 0)
+SPLIT_FN(8, 0, 1)
+SPLIT_FN(8, 1, 0)
+SPLIT_FN(8, 1, 1)
+
+T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
+    static void (*const fns[2][2][2])(const g4_rows_args *, int, int) = {
+        {{split_4_0_0, split_4_0_1}, {split_4_1_0, split_4_1_1}},
+        {{split_8_0_0, split_8_0_1}, {split_8_1_0, split_8_1_1}},
+    };
+    const g4_mat *w = a->w;
+    int G = w->group > 0 ? w->group : w->cols;
+    if (w->cols / 32 > MAX_ROW_BLOCKS) {
+        g4_rows_split_scalar(a, r0, r1);
+        return;
+    }
+    fns[w->bits == 8][w->type == G4_W_AFFINE][G == w->cols](a, r0, r1);
+}
+
 #define INT_ROWS(name, T_) \
     T512 static void name(const g4_rows_args *a, int r0, int r1) { int_rows(a, r0, r1, T_); }
 INT_ROWS(rows_q8_0, G4_W_Q8_0)
@@ -583,8 +781,14 @@ INT_ROWS(rows_q5_1, G4_W_Q5_1)
 INT_ROWS(rows_q4_k, G4_W_Q4_K)
 INT_ROWS(rows_q5_k, G4_W_Q5_K)
 INT_ROWS(rows_q6_k, G4_W_Q6_K)
-INT_ROWS(rows_affine, G4_W_AFFINE)
-INT_ROWS(rows_symm, G4_W_SYMM)
+T512 static void rows_affine(const g4_rows_args *a, int r0, int r1) {
+    if (a->w->split) rows_split(a, r0, r1);
+    else int_rows(a, r0, r1, G4_W_AFFINE);
+}
+T512 static void rows_symm(const g4_rows_args *a, int r0, int r1) {
+    if (a->w->split) rows_split(a, r0, r1);
+    else int_rows(a, r0, r1, G4_W_SYMM);
+}
 
 void g4_rows_avx512(const g4_rows_args *a, int r0, int r1) {
     static void (*const fns[G4_W_COUNT])(const g4_rows_args *, int, int) = {
@@ -624,6 +828,39 @@ T512 void g4_xprep_token_avx512(const g4_mat *w, const float *xr, const g4_xprep
             _mm512_storeu_si512(xp->c1 + f + 16 * j, _mm512_mullo_epi32(lhi, noff));
         } else {
             _mm512_storeu_si512(xp->c0 + f + 16 * j, _mm512_mullo_epi32(_mm512_add_epi32(llo, lhi), noff));
+        }
+    }
+}
+
+/* Split layout, step 1: the scalar g4_xprep_token_split's bytes, a block at a time. */
+T512 void g4_xprep_token_split_avx512(const g4_mat *w, const float *xr, const g4_xprep *xp, int m) {
+    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    int8_t *q = (int8_t *)g4_xp_q(xp, m);
+    size_t f = g4_xp_f(xp, m);
+    for (int g = 0; g < xp->nsg; g++) {
+        _mm512_storeu_si512(q + 512 * g + 0, _mm512_setzero_si512());
+        for (int c = 1; c < 8; c++) _mm512_storeu_si512(q + 512 * g + 64 * c, _mm512_setzero_si512());
+        _mm512_storeu_ps(xp->dx + f + 16 * g, _mm512_setzero_ps());
+        _mm512_storeu_si512(xp->c0 + f + 16 * g, _mm512_setzero_si512());
+        if (add) _mm512_storeu_ps(xp->xs + f + 16 * g, _mm512_setzero_ps());
+    }
+    for (int b = 0; b < xp->nb; b++) {
+        const float *xb = xr + 32 * b;
+        __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        __m512 vid = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), i1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        uint32_t d[8];
+        _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(d + 4), _mm512_cvtepi32_epi8(i1));
+        int8_t *dst = q + 512 * (b / 16) + 4 * (b % 16);
+        for (int s = 0; s < 8; s++) memcpy(dst + 64 * s, &d[s], 4);
+        xp->dx[f + (size_t)b] = amax / 127.0f;
+        xp->c0[f + (size_t)b] = -off * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        if (add) {
+            float xs = xb[0];
+            for (int i = 1; i < 32; i++) xs += xb[i];
+            xp->xs[f + (size_t)b] = xs;
         }
     }
 }

@@ -31,6 +31,15 @@
  *  AFFINE off 0, sw = scale, bw = bias (scale/bias of the group holding the block, converted from
  *  their dtype); SYMM off 2^(bits−1) (int8: u = q + 128), sw = the scale of the row or group.
  *
+ * Split layout (g4_mat.split, the kernels' own layout of 4- and 8-bit AFFINE / SYMM matrices,
+ * cpu/quant.h): step 1 as above but with one c0 and one float pair per block, c0_b = −off·Σ xq
+ * over the block's 32 elements and XS_b = the block's 32 elements summed left to right; then
+ * float lane ℓ = b mod 16 accumulates, blocks in increasing order,
+ *        acc_ℓ = fma((float)P_b, sw·dx_b, acc_ℓ),  P_b = c0_b + Σ u·xq (exact);
+ *        additive: then acc_ℓ = fma(XS_b, bw, acc_ℓ)
+ * and the same fold. One float multiply-add per block instead of four: the loops feed whole
+ * 16-block super-groups to each instruction.
+ *
  * Tolerance this adds against a dequantise-then-float dot: each activation errs by at most
  * dx_b/2 = amax_b/254, and only the scaled-code part of a weight sees it (the additive terms
  * use exact float sums of x), so |y − y_exact| ≤ Σ_b (amax_b/254)·Σ_{i∈b} |sw·(u_i − off)| plus
@@ -66,6 +75,10 @@ float g4_dot_f32_isa(g4_isa isa, const float *a, const float *b, int n);
  * blocks of a last partial group are zero. */
 typedef struct g4_xprep {
     int nb, ngrp;
+    /* split layout (sg = 1): per token nsg = ceil(nb/16) super-groups of 512 quantised bytes,
+     * step s (0..7) of super-group g at xq[512g + 64s + 4l + t] = element 4s + t of block
+     * 16g + l (zero for missing blocks); dx, c0, xs one lane per block: [16g + l] */
+    int sg, nsg;
     int8_t *xq;       /* [M][ngrp·128] */
     float *dx, *xs;   /* [M][ngrp·16]; xs NULL unless the type has an additive term */
     int32_t *c0, *c1; /* [M][ngrp·16]; c1 only for Q6_K */
@@ -110,8 +123,14 @@ float g4_scale_at(const void *p, g4_dtype dt, size_t i);
 void g4_k_scale_min(const uint8_t *s, int j, int *sc, int *m);
 
 /* Pointers into the prepared arrays of token m. */
-static inline const int8_t *g4_xp_q(const g4_xprep *xp, int m) { return xp->xq + (size_t)m * xp->ngrp * 128; }
-static inline size_t g4_xp_f(const g4_xprep *xp, int m) { return (size_t)m * xp->ngrp * 16; }
+static inline const int8_t *g4_xp_q(const g4_xprep *xp, int m) {
+    return xp->xq + (size_t)m * (xp->sg ? (size_t)xp->nsg * 512 : (size_t)xp->ngrp * 128);
+}
+static inline size_t g4_xp_f(const g4_xprep *xp, int m) { return (size_t)m * (xp->sg ? (size_t)xp->nsg * 16 : (size_t)xp->ngrp * 16); }
+/* Split layout: step 1 for token m (scalar; the AVX-512 version writes the same bytes). */
+void g4_xprep_token_split(const g4_mat *w, const float *xr, const g4_xprep *xp, int m);
+void g4_xprep_token_split_avx512(const g4_mat *w, const float *xr, const g4_xprep *xp, int m);
+
 
 /* ---- per-ISA row kernels: rows [r0, r1) of w for all M tokens ------------------------------ */
 typedef struct g4_rows_args {
@@ -123,6 +142,8 @@ typedef struct g4_rows_args {
 } g4_rows_args;
 
 void g4_rows_scalar(const g4_rows_args *a, int r0, int r1);
+/* Split layout: the scalar rows (the reference of the canonical order above). */
+void g4_rows_split_scalar(const g4_rows_args *a, int r0, int r1);
 void g4_rows_avx2(const g4_rows_args *a, int r0, int r1);
 void g4_rows_avx512(const g4_rows_args *a, int r0, int r1);
 float g4_dot_f32_avx2(const float *a, const float *b, int n);

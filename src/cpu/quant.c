@@ -404,3 +404,111 @@ void g4_dequantize_row_symm(const uint8_t *codes, int n, int bits, float scale, 
         out[i] = scale * (float)q;
     }
 }
+
+/* ---- the kernels' layout (g4_mat.split) ------------------------------------------------------ */
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Whether w can be repacked, and the bits of its codes. */
+static int repack_bits(const g4_mat *w) {
+    if (w->split) return 0;
+    switch (w->type) {
+    case G4_W_Q4_0: case G4_W_Q4_1: return 4;
+    case G4_W_Q8_0: return 8;
+    case G4_W_AFFINE: case G4_W_SYMM: return w->bits == 4 || w->bits == 8 ? w->bits : 0;
+    default: return 0;
+    }
+}
+
+size_t g4_mat_repack_size(const g4_mat *w) {
+    int bits = repack_bits(w);
+    if (!bits || w->cols % 32) return 0;
+    size_t rows = (size_t)w->rows, nb = (size_t)w->cols / 32;
+    size_t n = up64(rows * (size_t)w->cols * (size_t)bits / 8);
+    if (w->type == G4_W_Q4_0 || w->type == G4_W_Q8_0) n += up64(rows * nb * 2);
+    if (w->type == G4_W_Q4_1) n += 2 * up64(rows * nb * 2);
+    return n;
+}
+
+/* Where code i of block b lands in the split layout of a row (quant.h): byte offset and nibble
+ * shift (4 bits) within the row. */
+static void split_pos(int nb, int bits, int b, int i, size_t *at, int *shift) {
+    int g = b / 16, l = b % 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+    size_t base = (size_t)g * 16 * (size_t)(bits * 4); /* full super-groups before: 16 blocks of 4·bits bytes */
+    if (bits == 8) {
+        *at = base + (size_t)(i / 4) * 4 * (size_t)n + 4 * (size_t)l + (size_t)(i % 4);
+        *shift = 0;
+    } else {
+        int c = i / 8, hi = (i % 8) / 4;
+        *at = base + (size_t)c * 4 * (size_t)n + 4 * (size_t)l + (size_t)(i % 4);
+        *shift = 4 * hi;
+    }
+}
+
+void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
+    int bits = repack_bits(w);
+    int nb = w->cols / 32;
+    size_t rows = (size_t)w->rows, rb = (size_t)w->cols * (size_t)bits / 8;
+    uint8_t *codes = mem;
+    memset(codes, 0, rows * rb);
+    g4_mat o = *w;
+    o.split = 1;
+    o.bits = bits;
+    o.row_bytes = rb;
+    o.data = codes;
+    int ggml = w->type == G4_W_Q4_0 || w->type == G4_W_Q8_0 || w->type == G4_W_Q4_1;
+    uint16_t *sc = NULL, *bi = NULL;
+    if (ggml) {
+        sc = (uint16_t *)(codes + up64(rows * rb));
+        if (w->type == G4_W_Q4_1) bi = (uint16_t *)((uint8_t *)sc + up64(rows * (size_t)nb * 2));
+        o.type = w->type == G4_W_Q4_1 ? G4_W_AFFINE : G4_W_SYMM;
+        o.group = 32;
+        o.scales = sc;
+        o.biases = bi;
+        o.scale_dtype = G4_DT_F16;
+        o.scale_stride = (size_t)nb;
+    }
+    int flip = w->type == G4_W_SYMM && bits == 8; /* stored signed; the layout holds u = q + 128 */
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *p = (const uint8_t *)w->data + r * w->row_bytes;
+        uint8_t *dst = codes + r * rb;
+        for (int b = 0; b < nb; b++) {
+            uint8_t u[32];
+            if (w->type == G4_W_Q8_0) {
+                const uint8_t *blk = p + (size_t)b * 34;
+                sc[r * (size_t)nb + (size_t)b] = rd16(blk);
+                for (int i = 0; i < 32; i++) u[i] = (uint8_t)(blk[2 + i] ^ 0x80);
+            } else if (ggml) {
+                int bb = w->type == G4_W_Q4_1 ? 20 : 18;
+                const uint8_t *blk = p + (size_t)b * (size_t)bb;
+                sc[r * (size_t)nb + (size_t)b] = rd16(blk);
+                if (bi) bi[r * (size_t)nb + (size_t)b] = rd16(blk + 2);
+                for (int e = 0; e < 16; e++) {
+                    u[e] = blk[bb - 16 + e] & 15;
+                    u[16 + e] = blk[bb - 16 + e] >> 4;
+                }
+            } else {
+                for (int i = 0; i < 32; i++)
+                    u[i] = (uint8_t)(g4_stream_code(p, 32L * b + i, bits) ^ (unsigned)(flip ? 0x80 : 0));
+            }
+            for (int i = 0; i < 32; i++) {
+                size_t at;
+                int sh;
+                split_pos(nb, bits, b, i, &at, &sh);
+                dst[at] |= (uint8_t)(u[i] << sh);
+            }
+        }
+    }
+    *out = o;
+}
+
+void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]) {
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    int nb = w->cols / 32;
+    for (int i = 0; i < 32; i++) {
+        size_t at;
+        int sh;
+        split_pos(nb, w->bits, b, i, &at, &sh);
+        u[i] = w->bits == 8 ? p[at] : (uint8_t)((p[at] >> sh) & 15);
+    }
+}

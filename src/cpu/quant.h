@@ -25,7 +25,18 @@
  *        so a row is still one continuous stream. w = scale[g]·q + bias[g], g = column / group.
  *   SYMM (Google QAT): signed codes with a per-row (or per-group) f32 scale: int8 plain; int4 two
  *        per byte, low nibble first, stored as value+8; int2 four per byte from bit 0, stored as
- *        value+2. Equivalently an LSB-first stream of (value + 2^(bits−1)) for 2 and 4 bits. */
+ *        value+2. Equivalently an LSB-first stream of (value + 2^(bits−1)) for 2 and 4 bits.
+ *
+ * The kernels' own layout (g4_mat.split, AFFINE / SYMM with 4 or 8 bits), which the loaders
+ * repack Q4_0, Q4_1, Q8_0 and 4/8-bit MLX and QAT matrices into when the CPU has AVX-512: the
+ * canonical unsigned codes u (SYMM: value + 2^(bits−1), also for 8 bits) of each run of 16 blocks
+ * (a super-group; the row's last one may hold n < 16 blocks) interleaved four elements at a time,
+ * so that 32-bit lane l of a vector holds four codes of block l:
+ *   8 bits: 8 chunks of 4n bytes; chunk s, byte 4l + t = u[block l][4s + t];
+ *   4 bits: 4 chunks of 4n bytes; chunk c, byte 4l + t = u[block l][8c + t] | u[block l][8c + 4 + t] << 4.
+ * A row stays cols·bits/8 bytes. Scales and biases stay separate arrays (per group, F32 / F16 /
+ * BF16): a ggml block's f16 d (and Q4_1's m) become a group-32 F16 scale (bias) array. The split
+ * layout has its own canonical order (kernels_internal.h: one float lane per block). */
 #ifndef G4_CPU_QUANT_H
 #define G4_CPU_QUANT_H
 #include <stddef.h>
@@ -71,6 +82,17 @@ void g4_dequantize_row_affine(const uint32_t *codes, int n, int bits, int group,
  * with all codes 0). For the blockwise QAT embeddings call it once per block. */
 float g4_quantize_row_symm(const float *x, int n, int bits, uint8_t *codes);
 void g4_dequantize_row_symm(const uint8_t *codes, int n, int bits, float scale, float *out);
+
+/* Bytes the kernel layout of w needs (codes, then the scale and bias arrays it must create,
+ * each 64-byte aligned), or 0 when w is used as it is (dense, K-quants, Q5, 2/3/5/6/7 bits,
+ * already split). */
+size_t g4_mat_repack_size(const g4_mat *w);
+/* Writes w in the kernel layout into mem (g4_mat_repack_size(w) bytes, 64-byte aligned; scales
+ * of AFFINE/SYMM inputs are referenced, not copied) and describes it in *out. */
+void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out);
+
+/* The 32 codes u of block b of row r of a split matrix. */
+void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]);
 
 /* Code i (0-based) of an LSB-first bit stream of `bits`-bit codes (1..8). */
 static inline unsigned g4_stream_code(const uint8_t *stream, long i, int bits) {

@@ -222,6 +222,10 @@ static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *o
 }
 
 static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
+    if (m->split) /* the CPU kernels' own layout: models for the GPU are loaded with keep_layout */
+        return g4_fail(err, G4_ERR_UNSUPPORTED,
+                       "%s: weights were repacked for the CPU kernels (load the model with keep_layout = 1 for a GPU session)",
+                       what);
     memset(out, 0, sizeof *out);
     if (!m->data || m->rows == 0) return G4_OK;
     if (m->in_act_scale != 0 || m->out_act_scale != 0)

@@ -5,7 +5,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cpu/act.h"
 #include "util/error.h"
 
 /* ---- run state ------------------------------------------------------------------------------ */
@@ -96,7 +98,7 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         s->top_w = zalloc((size_t)B * K * f, &fail);
         s->x2 = zalloc((size_t)B * H * f, &fail);
         s->ex_in = zalloc((size_t)B * H * f, &fail);
-        s->ex_gu = zalloc((size_t)B * 2 * c->moe_width * f, &fail);
+        s->ex_gu = zalloc((size_t)(B > K ? B : K) * 2 * c->moe_width * f, &fail);
         s->ex_out = zalloc((size_t)B * H * f, &fail);
         s->ex_res = zalloc((size_t)B * K * H * f, &fail);
         s->ex_tok = zalloc((size_t)B * K * sizeof(int), &fail);
@@ -170,7 +172,9 @@ static inline const float *kv_row(const g4_state *s, float *const *stage, float 
 typedef struct {
     g4_state *s;
     int layer, src, M;
+    g4_isa isa;
 } attn_job;
+
 
 /* One (token, head) pair per item: scores over the visible keys in ascending position order,
  * softmax, weighted sum of V. Scale 1.0 (q and k are RMS-normed). */
@@ -187,25 +191,40 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
         int lo = l->is_full ? 0 : (p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0);
         const float *qv = s->q + (size_t)m * nq + (size_t)h * d;
         size_t off = (size_t)(h / group) * d;
+        /* scores over runs of keys contiguous in memory (cache ring up to its wrap, then the
+         * staged rows), each run one matrix-vector product: the same 16-lane dot per key as
+         * g4_dot_f32, four keys per pass */
+        for (int k = lo; k <= p;) {
+            const float *base = kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off;
+            int run = 1;
+            if (k >= s->stage_pos) run = p + 1 - k;
+            else {
+                int cap = s->cache_cap[j->src], slot = k % cap, end = s->stage_pos - 1 < p ? s->stage_pos - 1 : p;
+                run = end - k + 1 < cap - slot ? end - k + 1 : cap - slot;
+            }
+            g4_mat km = g4_mat_dense(G4_DT_F32, run, d, base);
+            km.row_bytes = row * sizeof(float);
+            g4_matmul_isa(j->isa, NULL, &km, qv, 1, sc + (k - lo), run);
+            k += run;
+        }
         float mx = -INFINITY;
-        for (int k = lo; k <= p; k++) {
-            float v = g4_dot_f32(qv, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off, d);
-            sc[k - lo] = v;
-            if (v > mx) mx = v;
-        }
-        float sum = 0;
-        for (int k = lo; k <= p; k++) {
-            sc[k - lo] = expf(sc[k - lo] - mx);
-            sum += sc[k - lo];
-        }
+        for (int k = 0; k <= p - lo; k++) mx = sc[k] > mx ? sc[k] : mx;
+        float sum = g4_exp_sum_isa(j->isa, sc, mx, sc, p - lo + 1);
         float *out = s->att + (size_t)m * nq + (size_t)h * d;
         memset(out, 0, sizeof(float) * d);
-        for (int k = lo; k <= p; k++) {
-            float pk = sc[k - lo] / sum;
-            const float *vr = kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off;
-            for (int e = 0; e < d; e++) out[e] += pk * vr[e];
-        }
+        for (int k = lo; k <= p; k++)
+            g4_axpy_isa(j->isa, out, sc[k - lo] / sum, kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, d);
     }
+}
+
+/* Profiling: the time since the last mark goes to class `cls`. */
+static inline void prof_mark(g4_state *s, int cls) {
+    if (!s->profile) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (cls >= 0) s->prof[cls] += t - s->prof_t;
+    s->prof_t = t;
 }
 
 static void rope_apply(const g4_state *s, float *x, int m, int kind) {
@@ -234,24 +253,50 @@ static void matmul_q(g4_state *s, g4_threadpool *pool, const g4_mat *w, const fl
         for (size_t i = 0; i < n; i++) s->act_q[i] = act_fake_quant(x[i], w->in_act_scale);
         x = s->act_q;
     }
+    prof_mark(s, G4_PROF_OTHER);
     g4_matmul(pool, w, x, M, y, ldy);
+    prof_mark(s, G4_PROF_MATMUL);
     if (w->out_act_scale != 0)
         for (int m = 0; m < M; m++)
             for (int r = 0; r < w->rows; r++) y[(size_t)m * ldy + r] = act_fake_quant(y[(size_t)m * ldy + r], w->out_act_scale);
 }
 
 /* gelu_tanh(gate) ⊙ up, in place into gate */
-static void gelu_mul(float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) gate[i] = g4_gelu_tanh(gate[i]) * up[i];
+static void gelu_mul(g4_state *s, float *gate, const float *up, size_t n) {
+    prof_mark(s, G4_PROF_OTHER);
+    g4_gelu_mul(gate, up, n);
+    prof_mark(s, G4_PROF_ACT);
+}
+
+static int plain_mat(const g4_mat *w) { return w->in_act_scale == 0 && w->out_act_scale == 0; }
+
+typedef struct {
+    float *gate;
+    const float *up;
+    int M, I;
+} gelu_epi_ctx;
+
+/* gelu(gate) ⊙ up on rows [r0, r1) of every token, right after a work item computed them */
+static void gelu_epi(void *ctx, int pair, int r0, int r1) {
+    const gelu_epi_ctx *e = (const gelu_epi_ctx *)ctx + pair;
+    for (int m = 0; m < e->M; m++) g4_gelu_mul(e->gate + (size_t)m * e->I + r0, e->up + (size_t)m * e->I + r0, (size_t)(r1 - r0));
 }
 
 /* Dense MLP of width I over rows of `in` (already normed) into out [M][H]. */
 static void mlp(g4_state *s, g4_threadpool *pool, const g4_mat *gate, const g4_mat *up, const g4_mat *down,
                 const float *in, int M, float *out) {
     int I = gate->rows, H = s->m->cfg.hidden;
-    matmul_q(s, pool, gate, in, M, s->gate, I);
-    matmul_q(s, pool, up, in, M, s->up, I);
-    gelu_mul(s->gate, s->up, (size_t)M * I);
+    if (plain_mat(gate) && plain_mat(up)) { /* one pass: gate and up rows together, GELU fused */
+        g4_mm_part parts[2] = {{gate, s->gate, I, NULL}, {up, s->up, I, NULL}};
+        gelu_epi_ctx e = {s->gate, s->up, M, I};
+        prof_mark(s, G4_PROF_OTHER);
+        g4_matmul_multi(pool, parts, 2, in, M, gelu_epi, &e);
+        prof_mark(s, G4_PROF_MATMUL);
+    } else {
+        matmul_q(s, pool, gate, in, M, s->gate, I);
+        matmul_q(s, pool, up, in, M, s->up, I);
+        gelu_mul(s, s->gate, s->up, (size_t)M * I);
+    }
     matmul_q(s, pool, down, s->gate, M, out, H);
 }
 
@@ -291,6 +336,29 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
     }
     for (int m = 0; m < M; m++)
         g4_rmsnorm(s->x2 + (size_t)m * H, r + (size_t)m * H, w->pre_ffn_norm2, H, c->rms_eps);
+    if (M == 1 && K <= G4_MM_MAX_PARTS / 2 && plain_mat(&w->experts_gate_up) && plain_mat(&w->experts_down)) {
+        /* one token: every chosen expert's gate/up rows in one pass (GELU fused), then every
+         * down projection in another, instead of two passes per expert */
+        g4_mat gv[G4_MM_MAX_PARTS / 2], uv[G4_MM_MAX_PARTS / 2], dv[G4_MM_MAX_PARTS / 2];
+        g4_mm_part parts[G4_MM_MAX_PARTS];
+        gelu_epi_ctx ec[G4_MM_MAX_PARTS / 2];
+        for (int k = 0; k < K; k++) {
+            int e = s->top_e[k];
+            float *g = s->ex_gu + (size_t)k * 2 * Im;
+            gv[k] = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, Im);
+            uv[k] = g4_mat_rows(&w->experts_gate_up, e * 2 * Im + Im, Im);
+            dv[k] = g4_mat_rows(&w->experts_down, e * H, H);
+            parts[2 * k] = (g4_mm_part){&gv[k], g, Im, NULL};
+            parts[2 * k + 1] = (g4_mm_part){&uv[k], g + Im, Im, NULL};
+            ec[k] = (gelu_epi_ctx){g, g + Im, 1, Im};
+        }
+        prof_mark(s, G4_PROF_OTHER);
+        g4_matmul_multi(pool, parts, 2 * K, s->x2, 1, gelu_epi, ec);
+        for (int k = 0; k < K; k++) parts[k] = (g4_mm_part){&dv[k], s->ex_res + (size_t)k * H, H, s->ex_gu + (size_t)k * 2 * Im};
+        g4_matmul_multi(pool, parts, K, NULL, 1, NULL, NULL);
+        prof_mark(s, G4_PROF_MATMUL);
+        E = 0; /* done: skip the per-expert loop */
+    }
     for (int e = 0; e < E; e++) {
         int n = 0;
         for (int t = 0; t < M * K; t++)
@@ -303,7 +371,7 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
         matmul_q(s, pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
         for (int i = 0; i < n; i++) {
             float *g = s->ex_gu + (size_t)i * 2 * Im;
-            gelu_mul(g, g + Im, (size_t)Im);
+            gelu_mul(s, g, g + Im, (size_t)Im);
             if (i) memmove(s->ex_gu + (size_t)i * Im, g, sizeof(float) * Im); /* pack to [n][Im] */
         }
         matmul_q(s, pool, &dn, s->ex_gu, n, s->ex_out, H);
@@ -330,7 +398,7 @@ typedef struct {
 static void softcap_range(void *ctx, int i0, int i1, int tid) {
     (void)tid;
     const softcap_job *j = ctx;
-    for (int i = i0; i < i1; i++) j->logits[i] = j->cap * tanhf(j->logits[i] / j->cap);
+    g4_softcap(j->logits + i0, (size_t)(i1 - i0), j->cap);
 }
 
 /* ---- the forward ---------------------------------------------------------------------------- */
@@ -353,6 +421,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
     s->stage_pos = s->pos;
     s->n_staged = M;
     s->n_staged_last = M;
+    prof_mark(s, -1);
 
     /* RoPE angles for this block, per kind: inv_freq[i] = theta^(-2i/d) over the full d */
     for (int m = 0; m < M; m++)
@@ -401,7 +470,22 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* input_layernorm, q_proj, q_norm, rope */
         for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->attn_norm, H, c->rms_eps);
         dump_rows(s, "attn_norm", li, M, s->a, H, H);
-        matmul_q(s, pool, &w->wq, s->a, M, s->q, nq);
+        /* q, and k/v for this block into staging (KV-shared layers read their source's), in one
+         * pass over the three matrices when nothing is fake-quantised around them */
+        int own_kv = src == li, fused = plain_mat(&w->wq) && (!own_kv || (plain_mat(&w->wk) && (lc->k_eq_v || plain_mat(&w->wv))));
+        if (fused) {
+            g4_mm_part parts[3] = {{&w->wq, s->q, nq, NULL}};
+            int np = 1;
+            if (own_kv) {
+                parts[np++] = (g4_mm_part){&w->wk, s->k_stage[li], nkv, NULL};
+                if (!lc->k_eq_v) parts[np++] = (g4_mm_part){&w->wv, s->v_stage[li], nkv, NULL};
+            }
+            prof_mark(s, G4_PROF_OTHER);
+            g4_matmul_multi(pool, parts, np, s->a, M, NULL, NULL);
+            prof_mark(s, G4_PROF_MATMUL);
+        } else {
+            matmul_q(s, pool, &w->wq, s->a, M, s->q, nq);
+        }
         for (int m = 0; m < M; m++)
             for (int h = 0; h < nH; h++) {
                 float *qh = s->q + (size_t)m * nq + (size_t)h * d;
@@ -413,9 +497,9 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* k/v for this block into staging (KV-shared layers read their source's) */
         if (src == li) {
             float *ks = s->k_stage[li], *vs = s->v_stage[li];
-            matmul_q(s, pool, &w->wk, s->a, M, ks, nkv);
+            if (!fused) matmul_q(s, pool, &w->wk, s->a, M, ks, nkv);
             if (lc->k_eq_v) memcpy(vs, ks, sizeof(float) * (size_t)M * nkv); /* raw k, before k_norm/rope */
-            else matmul_q(s, pool, &w->wv, s->a, M, vs, nkv);
+            else if (!fused) matmul_q(s, pool, &w->wv, s->a, M, vs, nkv);
             for (int m = 0; m < M; m++)
                 for (int h = 0; h < lc->n_kv_heads; h++) {
                     float *kh = ks + (size_t)m * nkv + (size_t)h * d, *vh = vs + (size_t)m * nkv + (size_t)h * d;
@@ -428,8 +512,10 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         }
 
         /* attention, o_proj, post_attention_layernorm, residual */
-        attn_job aj = {s, li, src, M};
+        attn_job aj = {s, li, src, M, g4_isa_best()};
+        prof_mark(s, G4_PROF_OTHER);
         g4_parallel_for(pool, M * nH, 1, attention_range, &aj);
+        prof_mark(s, G4_PROF_ATTN);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
         matmul_q(s, pool, &w->wo, s->att, M, s->t, H);
         for (int m = 0; m < M; m++) {
@@ -468,7 +554,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
             for (int m = 0; m < M; m++) {
                 float *g = s->ple_tmp + (size_t)m * P;
                 const float *pl = s->ple + ((size_t)m * L + li) * P;
-                for (int i = 0; i < P; i++) g[i] = g4_gelu_tanh(g[i]) * pl[i];
+                gelu_mul(s, g, pl, (size_t)P);
             }
             matmul_q(s, pool, &w->ple_proj, s->ple_tmp, M, s->t, H);
             for (int m = 0; m < M; m++) {
@@ -486,12 +572,16 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
     dump_rows(s, "final_norm", -1, M, s->a, H, H);
     if (logits) {
         int first = all_logits ? 0 : M - 1, n = M - first, V = c->vocab;
+        prof_mark(s, G4_PROF_OTHER);
         g4_matmul(pool, &md->embed, s->a + (size_t)first * H, n, logits, V);
+        prof_mark(s, G4_PROF_HEAD);
         if (c->final_softcap > 0) {
             softcap_job sj = {logits, n * V, c->final_softcap};
             g4_parallel_for(pool, n * V, 1024, softcap_range, &sj);
         }
+        prof_mark(s, G4_PROF_ACT);
         for (int i = 0; i < n; i++) dump(s, "logits", -1, first + i, logits + (size_t)i * V, V);
     }
+    prof_mark(s, G4_PROF_OTHER);
     return G4_OK;
 }

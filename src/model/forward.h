@@ -16,6 +16,10 @@ typedef struct g4_rope_kind {
     float theta;
 } g4_rope_kind;
 
+/* Where a forward's time goes (g4 bench --profile): seconds accumulated per class while
+ * g4_state.profile is set. */
+enum { G4_PROF_MATMUL, G4_PROF_ATTN, G4_PROF_HEAD, G4_PROF_ACT, G4_PROF_OTHER, G4_PROF_N };
+
 typedef struct g4_state {
     const g4_model *m;
     int n_ctx, max_batch, n_threads;
@@ -42,6 +46,9 @@ typedef struct g4_state {
     float *top_w;               /* [max_batch][top_k] */
     float *x2, *ex_in, *ex_gu, *ex_out, *ex_res; /* expert scratch */
     int *ex_tok;
+    /* profiling: off unless `profile` is set */
+    int profile;
+    double prof[G4_PROF_N], prof_t;
     /* debugging */
     g4_dump_fn dump;
     void *dump_user;

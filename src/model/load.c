@@ -1,7 +1,9 @@
 /* g4_model_load: recognise what the path holds, open the matching weight source, bind. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "formats/pack.h"
@@ -26,6 +28,18 @@ static int is_gguf_file(const char *path) {
     int ok = f && fread(magic, 1, 4, f) == 4 && !memcmp(magic, "GGUF", 4);
     if (f) fclose(f);
     return ok;
+}
+
+/* Memory the kernel could give us now (MemAvailable), or SIZE_MAX when unknown. */
+static size_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return SIZE_MAX;
+    char line[256];
+    size_t kb = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %zu kB", &kb) == 1;
+    fclose(f);
+    return found ? kb * 1024 : SIZE_MAX;
 }
 
 g4_status g4_model_open_unbound(const char *path, g4_model **out, g4_error *err) {
@@ -64,11 +78,16 @@ g4_status g4_model_open_unbound(const char *path, g4_model **out, g4_error *err)
 }
 
 g4_status g4_model_load(const char *path, const g4_model_options *opts, g4_model **out, g4_error *err) {
-    (void)opts;
     g4_model *m;
     g4_status st = g4_model_open_unbound(path, &m, err);
     if (st) return st;
-    if ((st = g4_model_bind(m, err))) {
+    st = g4_model_bind(m, err);
+    /* the repacked copy must fit beside everything else: leave a fifth of what is free */
+    if (!st && !(opts && opts->keep_layout)) {
+        size_t avail = mem_available();
+        st = g4_model_repack(m, avail == SIZE_MAX ? SIZE_MAX : avail / 5 * 4, err);
+    }
+    if (st) {
         g4_model_free(m);
         return st;
     }
@@ -82,6 +101,7 @@ void g4_model_free(g4_model *m) {
     g4_config_free(&m->cfg);
     free(m->layers);
     free(m->arena);
+    if (m->repacked) munmap(m->repacked, m->repacked_size);
     free(m->path);
     free(m);
 }

@@ -44,6 +44,8 @@ struct g4_model {
     g4_layer_weights *layers;   /* [L] */
     float *arena;               /* owns every converted vector above */
     size_t weight_bytes;
+    void *repacked;             /* the matrices repacked into the kernels' layout (anonymous map) */
+    size_t repacked_size;
 };
 
 /* Binding tensors from a source with shape checks; small vectors are converted to float into a
@@ -68,4 +70,11 @@ g4_status g4_model_open_unbound(const char *path, struct g4_model **out, g4_erro
 
 /* Binds and checks every weight of m->cfg from m->src (used by g4_model_load). */
 g4_status g4_model_bind(struct g4_model *m, g4_error *err);
+/* Repacks every streamed matrix that has a faster kernel layout (Q4_0, Q4_1, Q8_0, 4/8-bit MLX
+ * and QAT; cpu/quant.h) into one anonymous mapping (huge pages where the kernel allows), so the
+ * file's pages are no longer touched by decoding. The gathered PLE table stays mapped as it is.
+ * Only on CPUs with AVX-512 (the split layout's loops), and not when the copy would exceed
+ * max_bytes. The split layout has its own canonical reduction order (cpu/kernels_internal.h), so
+ * logits differ from the file layout's by float rounding; each is exact in itself. */
+g4_status g4_model_repack(struct g4_model *m, size_t max_bytes, g4_error *err);
 #endif

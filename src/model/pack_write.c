@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "cpu/kernels_internal.h"
+#include "cpu/quant.h"
 #include "formats/pack.h"
 #include "formats/safetensors.h"
 #include "model/config.h"
@@ -128,8 +130,29 @@ static cJSON *part_json(uint64_t off, uint64_t n) {
 }
 
 /* One recorded tensor into the manifest entry list, its parts into the writer. */
+static g4_status add_tensor_mat(g4_pack_writer *w, const g4_recorded_tensor *t, const g4_mat *m, cJSON *o,
+                                g4_error *err);
+
+/* Buffers the writer reads at finish time (repacked matrices), freed after it. */
+typedef struct {
+    void **p;
+    int n, cap;
+} owned_bufs;
+
+static int own(owned_bufs *o, void *p) {
+    if (o->n == o->cap) {
+        int cap = o->cap ? 2 * o->cap : 64;
+        void **q = realloc(o->p, sizeof *q * (size_t)cap);
+        if (!q) return 0;
+        o->p = q;
+        o->cap = cap;
+    }
+    o->p[o->n++] = p;
+    return 1;
+}
+
 static g4_status add_tensor(g4_pack_writer *w, const g4_recorded_tensor *t, cJSON *tensors, cJSON *ints,
-                            g4_error *err) {
+                            int keep_layout, owned_bufs *bufs, g4_error *err) {
     const g4_tensor_ref *r = &t->ref;
     cJSON *o = cJSON_CreateObject();
     if (!o) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
@@ -148,6 +171,26 @@ static g4_status add_tensor(g4_pack_writer *w, const g4_recorded_tensor *t, cJSO
     cJSON_AddItemToArray(tensors, o);
     const g4_mat *m = &r->mat;
     if ((st = g4_mat_validate(m, err))) return g4_fail_prefix(err, st, "%s: tensor '%s'", r->file, r->name);
+    size_t rs = keep_layout ? 0 : g4_mat_repack_size(m);
+    if (rs) { /* the CPU kernels' split layout, as g4_model_repack makes it at load */
+        void *mem = NULL;
+        if (posix_memalign(&mem, 64, rs)) return g4_fail(err, G4_ERR_NOMEM, "out of memory repacking '%s'", r->name);
+        if (!own(bufs, mem)) {
+            free(mem);
+            return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+        }
+        g4_mat sm;
+        g4_mat_repack(m, mem, &sm); /* the writer reads it at finish */
+        return add_tensor_mat(w, t, &sm, o, err);
+    }
+    return add_tensor_mat(w, t, m, o, err);
+}
+
+static g4_status add_tensor_mat(g4_pack_writer *w, const g4_recorded_tensor *t, const g4_mat *m, cJSON *o,
+                                g4_error *err) {
+    const g4_tensor_ref *r = &t->ref;
+    uint64_t off;
+    g4_status st;
     cJSON_AddStringToObject(o, "float_dtype", g4_dtype_name(r->float_dtype));
     cJSON_AddStringToObject(o, "wtype", g4_wtype_name(m->type));
     cJSON_AddNumberToObject(o, "rows", m->rows);
@@ -157,6 +200,7 @@ static g4_status add_tensor(g4_pack_writer *w, const g4_recorded_tensor *t, cJSO
     if (m->group) cJSON_AddNumberToObject(o, "group", m->group);
     if (m->in_act_scale != 0) cJSON_AddNumberToObject(o, "in_act_scale", m->in_act_scale);
     if (m->out_act_scale != 0) cJSON_AddNumberToObject(o, "out_act_scale", m->out_act_scale);
+    if (m->split) cJSON_AddStringToObject(o, "layout", "split");
     uint64_t n = (uint64_t)m->rows * m->row_bytes;
     if ((st = g4_pack_writer_add(w, m->data, n, &off, err))) return st;
     cJSON_AddItemToObject(o, "data", part_json(off, n));
@@ -196,6 +240,7 @@ g4_status g4_pack_write(const char *in, const char *out, const g4_pack_options *
     g4_drafter *d = NULL;
     g4_weight_source *src = NULL;
     char *config = NULL, *tok_owned = NULL, *manifest_text = NULL;
+    owned_bufs bufs = {0};
     g4_pack tok_pack;
     int tok_pack_open = 0;
     const void *tok = NULL;
@@ -236,7 +281,9 @@ g4_status g4_pack_write(const char *in, const char *out, const g4_pack_options *
         int n = 0;
         const g4_recorded_tensor *t = g4_source_recorded(src, &n);
         for (int i = 0; i < n && !st; i++) {
-            st = add_tensor(w, &t[i], tensors, ints, err);
+            /* models get the layout g4_model_load repacks into here (drafters are never repacked) */
+            int keep = (opts && opts->keep_layout) || stats->is_drafter || g4_isa_best() != G4_ISA_AVX512;
+            st = add_tensor(w, &t[i], tensors, ints, keep, &bufs, err);
             if (t[i].is_int) stats->n_int_tensors++;
             else stats->n_tensors++;
         }
@@ -249,6 +296,8 @@ g4_status g4_pack_write(const char *in, const char *out, const g4_pack_options *
         if (!st && stat(stats->path, &sb) == 0) stats->bytes = (size_t)sb.st_size;
     }
     g4_pack_writer_abort(w);
+    for (int i = 0; i < bufs.n; i++) free(bufs.p[i]);
+    free(bufs.p);
     cJSON_Delete(man);
     free(manifest_text);
     free(config);

@@ -175,6 +175,12 @@ static g4_status read_tensor(g4_pack *p, const cJSON *o, pack_tensor *t, g4_erro
         (st = field_float(&e, "in_act_scale", &m->in_act_scale)) ||
         (st = field_float(&e, "out_act_scale", &m->out_act_scale)))
         return st;
+    const cJSON *lay = cJSON_GetObjectItemCaseSensitive(o, "layout");
+    if (lay) {
+        if (!cJSON_IsString(lay) || strcmp(lay->valuestring, "split"))
+            return g4_fail(err, G4_ERR_FORMAT, "%s: tensor '%s': unknown layout (only \"split\" is known)", p->path, t->name);
+        m->split = 1;
+    }
     int64_t srows = 1;
     for (int i = 0; i < ref->ndim - 1; i++) srows *= ref->shape[i];
     if (srows != rows || ref->shape[ref->ndim - 1] != cols)

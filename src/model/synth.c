@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/kernels.h"
 #include "cpu/quant.h"
@@ -668,6 +669,11 @@ g4_status g4_model_synth(const char *arch, const g4_synth_options *o, const char
     if (!st) st = g4_source_open_synth(&m->src, &m->cfg, json, o, storage, err);
     free(json);
     if (!st) st = g4_model_bind(m, err);
+    if (!st && !(o && o->keep_layout)) { /* in memory the original stays too: repack only while both fit comfortably */
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        size_t ram = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+        st = g4_model_repack(m, ram / 3, err);
+    }
     if (st) {
         g4_model_free(m);
         return st;

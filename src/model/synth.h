@@ -40,6 +40,7 @@ typedef struct g4_synth_options {
     uint64_t seed;
     int n_layers;   /* 0: the full depth; else truncate the stack to n layers (tests, CI) */
     int n_threads;  /* 0: all CPUs */
+    int keep_layout; /* g4_model_synth: 1 = no repacking into the CPU kernels' layout (GPU sessions) */
 } g4_synth_options;
 
 /* config.json of a released size ("e2b", "e4b", "12b", "26b-a4b", "31b"), truncated to

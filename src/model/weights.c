@@ -3,6 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+
+#include "cpu/kernels_internal.h"
+#include "cpu/quant.h"
 #include "model/model.h"
 #include "util/error.h"
 
@@ -153,4 +157,52 @@ g4_status g4_model_bind(g4_model *m, g4_error *err) {
 #undef NAME
     }
     return st;
+}
+
+/* The matrices a decode step streams (the PLE table is gathered, not streamed). */
+static int streamed_mats(g4_model *m, g4_mat **out) {
+    int n = 0;
+    out[n++] = &m->embed;
+    if (m->cfg.ple_width) out[n++] = &m->ple_model_proj;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        g4_layer_weights *w = &m->layers[i];
+        g4_mat *all[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->gate, &w->up, &w->down, &w->router,
+                         &w->experts_gate_up, &w->experts_down, &w->ple_gate, &w->ple_proj};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+            if (all[k]->data) out[n++] = all[k];
+    }
+    return n;
+}
+
+g4_status g4_model_repack(g4_model *m, size_t max_bytes, g4_error *err) {
+    if (g4_isa_best() != G4_ISA_AVX512) return G4_OK; /* the split loops are AVX-512 ones */
+    int cap = 2 + 12 * m->cfg.n_layers;
+    g4_mat **mats = malloc(sizeof *mats * (size_t)cap);
+    if (!mats) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
+    int n = streamed_mats(m, mats);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += g4_mat_repack_size(mats[i]);
+    if (!total || total > max_bytes) {
+        free(mats);
+        return G4_OK;
+    }
+    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+        free(mats);
+        return g4_fail(err, G4_ERR_NOMEM, "out of memory repacking %.2f GB of weights", total / 1e9);
+    }
+#ifdef MADV_HUGEPAGE
+    madvise(mem, total, MADV_HUGEPAGE);
+#endif
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        size_t sz = g4_mat_repack_size(mats[i]);
+        if (!sz) continue;
+        g4_mat_repack(mats[i], (uint8_t *)mem + at, mats[i]);
+        at += sz;
+    }
+    free(mats);
+    m->repacked = mem;
+    m->repacked_size = total;
+    return G4_OK;
 }

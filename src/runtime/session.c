@@ -1,5 +1,6 @@
 /* The engine API: model loading, sessions (one sequence's KV cache and scratch), and greedy
  * generation on top of the forward. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -46,6 +47,20 @@ g4_status g4_model_get_layer(const g4_model *m, int layer, g4_layer_info *info) 
     return G4_OK;
 }
 
+
+g4_status g4_device_probe(int device, char *desc, size_t desc_len, g4_error *err) {
+    if (device == G4_DEVICE_CPU) {
+        if (desc && desc_len) snprintf(desc, desc_len, "cpu");
+        return G4_OK;
+    }
+    if (device != G4_DEVICE_CUDA) return g4_fail(err, G4_ERR_ARG, "unknown device %d", device);
+#ifdef G4_HAVE_CUDA
+    return g4_cuda_probe(desc, desc_len, err);
+#else
+    if (desc && desc_len) desc[0] = 0;
+    return g4_fail(err, G4_ERR_UNSUPPORTED, "no CUDA device/driver: this g4 was built without CUDA");
+#endif
+}
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out, g4_error *err) {
     *out = NULL;

@@ -1,6 +1,7 @@
 #include "util/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -10,7 +11,7 @@
 /* Workers spin briefly on a generation counter (a decode step issues hundreds of small loops per
  * token, so a futex wake-up per loop would cost more than the loop), then sleep on a condition
  * variable. */
-enum { SPIN_ITERS = 20000 };
+enum { SPIN_ITERS = 20000, YIELD_AFTER = 2000 };
 
 struct g4_threadpool {
     int n;
@@ -20,6 +21,7 @@ struct g4_threadpool {
     atomic_uint gen;     /* bumped for each job */
     atomic_int pending;  /* workers (excluding the caller) still running the current job */
     atomic_int stop;
+    atomic_int next;     /* the next unclaimed unit of the current job */
     /* the current job */
     g4_range_fn fn;
     void *ctx;
@@ -37,12 +39,20 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Threads claim chunks of `align`-sized units from a shared counter until none are left, so a
+ * thread slowed down by anything else on the machine does not hold the others up. Chunks are
+ * about 1/8 of a thread's fair share: few claims, contiguous streams. */
 static void run_share(g4_threadpool *p, int tid) {
-    int n = p->count, a = p->align, t = p->n;
-    int blocks = (n + a - 1) / a;
-    int b0 = (int)((long)blocks * tid / t), b1 = (int)((long)blocks * (tid + 1) / t);
-    int begin = b0 * a, end = b1 * a < n ? b1 * a : n;
-    if (begin < end) p->fn(p->ctx, begin, end, tid);
+    int n = p->count, a = p->align;
+    int units = (n + a - 1) / a, chunk = units / (8 * p->n);
+    if (chunk < 1) chunk = 1;
+    for (;;) {
+        int u0 = atomic_fetch_add_explicit(&p->next, chunk, memory_order_relaxed);
+        if (u0 >= units) break;
+        int u1 = u0 + chunk < units ? u0 + chunk : units;
+        int end = u1 * a < n ? u1 * a : n;
+        p->fn(p->ctx, u0 * a, end, tid);
+    }
 }
 
 static void *worker_main(void *argp) {
@@ -57,7 +67,8 @@ static void *worker_main(void *argp) {
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load(&p->stop)) {
             if (++spins < SPIN_ITERS) {
-                cpu_relax();
+                if (spins < YIELD_AFTER) cpu_relax();
+                else sched_yield(); /* someone else may need this core (an oversubscribed machine) */
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -133,11 +144,17 @@ void g4_parallel_for(g4_threadpool *p, int n, int align, g4_range_fn fn, void *c
     p->ctx = ctx;
     p->count = n;
     p->align = align;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store(&p->pending, p->n - 1);
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     run_share(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+    /* wait for the workers' last chunks: spin briefly, then yield, so that a worker descheduled
+     * by other load on the machine gets this core back instead of watching us spin */
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < YIELD_AFTER) cpu_relax();
+        else sched_yield();
+    }
 }

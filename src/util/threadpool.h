@@ -16,7 +16,8 @@ g4_status g4_threadpool_create(int n_threads, g4_threadpool **out, g4_error *err
 void g4_threadpool_free(g4_threadpool *p);
 int g4_threadpool_size(const g4_threadpool *p);
 
-/* Runs fn over [0, n) split into at most n_threads contiguous ranges whose starts are multiples
- * of `align` (>= 1), and returns when all are done. */
+/* Runs fn over [0, n) in contiguous ranges whose starts are multiples of `align` (>= 1), claimed
+ * by the threads as they become free (a thread may get several), and returns when all are
+ * done. */
 void g4_parallel_for(g4_threadpool *p, int n, int align, g4_range_fn fn, void *ctx);
 #endif

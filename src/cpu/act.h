@@ -1,0 +1,66 @@
+/* Element-wise kernels of the forward (GELU, softcap, softmax exponentials, axpy), vectorised
+ * for AVX-512 / AVX2 with the same bits as the scalar code at every ISA level: each lane runs
+ * the scalar function's exact sequence of IEEE single-precision operations.
+ *
+ * e^x is the engine's own (libm's expf is not vectorisable without fast-math, and would differ
+ * between code paths): x clamped to [-87, 88], x = n·ln2 + r with a Cody-Waite split of ln2,
+ * e^r by its degree-7 Taylor polynomial (|r| <= ln2/2: truncation under 6e-9), times 2^n built in
+ * the exponent bits (as two factors, so n = 127 does not overflow). Relative error about 2 ulp.
+ * GELU (tanh form) is evaluated through the identity 0.5·(1 + tanh(z)) = 1 / (1 + e^(-2z)):
+ * gelu(x) = x / (1 + e^(-2z)), z = sqrt(2/pi)·(x + 0.044715·x³). Softcap c·tanh(x/c) uses
+ * tanh(a) = 1 - 2 / (1 + e^(2a)) on a = |x/c| and restores the sign. */
+#ifndef G4_CPU_ACT_H
+#define G4_CPU_ACT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu/kernels_internal.h"
+
+#define G4_EXP_LO (-87.0f)
+#define G4_EXP_HI 88.0f
+#define G4_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static inline float g4_exp(float x) {
+    union { float f; int32_t i; } t, m = {.f = 12582912.0f}, a, b;
+    x = x < G4_EXP_HI ? x : G4_EXP_HI;
+    x = x > G4_EXP_LO ? x : G4_EXP_LO;
+    t.f = x * 1.44269504088896341f + m.f;
+    float n = t.f - m.f;
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t ni = t.i - m.i, h = ni >> 1;
+    a.i = (h + 127) << 23;
+    b.i = (ni - h + 127) << 23;
+    return p * a.f * b.f;
+}
+
+static inline float g4_softcap1(float x, float cap) {
+    float y = x / cap, a = y < 0 ? -y : y;
+    float t = 1.0f - 2.0f / (1.0f + g4_exp(2.0f * a));
+    return cap * (y < 0 || (y == 0 && 1.0f / y < 0) ? -t : t);
+}
+
+/* g[i] = gelu_tanh(g[i]) · u[i] */
+void g4_gelu_mul(float *g, const float *u, size_t n);
+/* x[i] = cap · tanh(x[i] / cap) */
+void g4_softcap(float *x, size_t n, float cap);
+/* y[i] = e^(x[i] - m) for i < n; returns Σ y in the fixed 16-partial order (element i into
+ * partial i % 16, then the 16-lane fold of kernels_internal.h). */
+float g4_exp_sum(const float *x, float m, float *y, int n);
+/* y[i] += a · x[i] */
+void g4_axpy(float *y, float a, const float *x, int n);
+
+/* The same at a chosen ISA level, which the CPU must support (at most g4_isa_best()). */
+void g4_gelu_mul_isa(g4_isa isa, float *g, const float *u, size_t n);
+void g4_softcap_isa(g4_isa isa, float *x, size_t n, float cap);
+float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
+void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);
+#endif

@@ -1,0 +1,109 @@
+/* The forward's element-wise loops, written once and included by act.c for each vector width:
+ * KW lanes per native vector (4: generic / SSE2, 8: AVX2, 16: AVX-512), KSUFFIX naming the copy,
+ * KTARGET its target attribute (possibly empty). Every lane operation is one IEEE single
+ * precision operation (no FMA: -ffp-contract=off) and sums use one fixed layout (16 partial sums,
+ * element i into partial i % 16, then the fixed fold), so every copy gives the scalar bits. */
+#define KCAT2(a, b) a##b
+#define KCAT(a, b) KCAT2(a, b)
+#define KN(name) KCAT(name, KSUFFIX)
+#define KN16 (16 / KW)
+
+typedef float KN(af) __attribute__((vector_size(KW * 4), aligned(4), may_alias));
+typedef int32_t KN(ai) __attribute__((vector_size(KW * 4), aligned(4), may_alias));
+#define VF KN(af)
+#define VI KN(ai)
+#define KINL KTARGET static inline __attribute__((always_inline))
+
+KINL VF KN(splat)(float x) {
+    VF v;
+    for (int i = 0; i < KW; i++) v[i] = x;
+    return v;
+}
+
+KINL VF KN(vmin)(VF a, VF b) { return (VF)(((VI)(a < b) & (VI)a) | (~(VI)(a < b) & (VI)b)); }
+KINL VF KN(vmax)(VF a, VF b) { return (VF)(((VI)(a > b) & (VI)a) | (~(VI)(a > b) & (VI)b)); }
+
+/* e^x for any float x, the lane version of g4_exp (act.h). */
+KINL VF KN(vexp)(VF x) {
+    x = KN(vmax)(KN(vmin)(x, KN(splat)(G4_EXP_HI)), KN(splat)(G4_EXP_LO));
+    const VF magic = KN(splat)(12582912.0f);
+    const VF t = x * KN(splat)(1.44269504088896341f) + magic;
+    const VF n = t - magic;
+    VF r = x - n * KN(splat)(0.693359375f);
+    r = r - n * KN(splat)(-2.12194440e-4f);
+    VF p = KN(splat)(1.0f / 5040.0f);
+    p = p * r + KN(splat)(1.0f / 720.0f);
+    p = p * r + KN(splat)(1.0f / 120.0f);
+    p = p * r + KN(splat)(1.0f / 24.0f);
+    p = p * r + KN(splat)(1.0f / 6.0f);
+    p = p * r + KN(splat)(0.5f);
+    p = p * r + KN(splat)(1.0f);
+    p = p * r + KN(splat)(1.0f);
+    const VI ni = (VI)t - (VI)magic;
+    /* 2^n as two factors so that n up to 128 (x near 88.7) stays representable */
+    const VI h = ni >> 1;
+    return p * (VF)((h + 127) << 23) * (VF)((ni - h + 127) << 23);
+}
+
+KINL VF KN(vgelu)(VF x) {
+    const VF z = KN(splat)(G4_GELU_K) * (x + KN(splat)(0.044715f) * x * x * x);
+    return x / (KN(splat)(1.0f) + KN(vexp)(KN(splat)(-2.0f) * z));
+}
+
+KTARGET static void KN(gelu_mul)(float *g, const float *u, size_t n) {
+    size_t i = 0;
+    for (; i + KW <= n; i += KW) *(VF *)(g + i) = KN(vgelu)(*(const VF *)(g + i)) * *(const VF *)(u + i);
+    for (; i < n; i++) g[i] = g4_gelu_tanh(g[i]) * u[i];
+}
+
+KTARGET static void KN(softcap)(float *x, size_t n, float cap) {
+    const VF c = KN(splat)(cap), one = KN(splat)(1.0f), two = KN(splat)(2.0f);
+    const VI sign = (VI)KN(splat)(-0.0f);
+    size_t i = 0;
+    for (; i + KW <= n; i += KW) {
+        VF y = *(VF *)(x + i) / c;
+        VF a = (VF)((VI)y & ~sign);
+        VF t = one - two / (one + KN(vexp)(two * a));
+        *(VF *)(x + i) = c * (VF)((VI)t | ((VI)y & sign));
+    }
+    for (; i < n; i++) x[i] = g4_softcap1(x[i], cap);
+}
+
+/* y[i] = e^(x[i] - m); returns the sum of y in the fixed 16-partial layout. */
+KTARGET static float KN(exp_sum)(const float *x, float m, float *y, int n) {
+    VF acc[KN16];
+    for (int v = 0; v < KN16; v++) acc[v] = KN(splat)(0.0f);
+    const VF mv = KN(splat)(m);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 16
+        for (int v = 0; v < KN16; v++) {
+            VF e = KN(vexp)(*(const VF *)(x + i + v * KW) - mv);
+            *(VF *)(y + i + v * KW) = e;
+            acc[v] = acc[v] + e;
+        }
+    float part[16];
+    for (int v = 0; v < KN16; v++)
+        for (int l = 0; l < KW; l++) part[v * KW + l] = acc[v][l];
+    for (; i < n; i++) {
+        y[i] = g4_exp(x[i] - m);
+        part[i & 15] += y[i];
+    }
+    return g4_fold16(part);
+}
+
+/* y[i] += a · x[i] (a multiply, then an add). */
+KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
+    const VF av = KN(splat)(a);
+    int i = 0;
+    for (; i + KW <= n; i += KW) *(VF *)(y + i) = *(VF *)(y + i) + av * *(const VF *)(x + i);
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+#undef KCAT2
+#undef KCAT
+#undef KN
+#undef KN16
+#undef VF
+#undef VI
+#undef KINL
