@@ -715,6 +715,11 @@ INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int
 
 INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int row_scale) {
     const g4_mat *w = a->w;
+    { /* the loop prefetches PF_DIST ahead: start the first PF_DIST bytes of this range now */
+        const char *p0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        size_t n = (size_t)(r1 - r0) * w->row_bytes;
+        for (size_t o = 0; o < n && o < PF_DIST; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
+    }
     float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
     int R = a->M == 1 ? 4 : 2;
     for (int r = r0; r < r1;) {
