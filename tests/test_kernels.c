@@ -656,6 +656,16 @@ static void test_act(void **state) {
         for (int i = 0; i < N; i++) ref[i] += 0.37f * x[i];
         assert_memory_equal(y, ref, sizeof(float) * N);
     }
+    /* the weighted sum of V rows: bitwise a run of axpy calls */
+    for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
+        for (int d = 1; d < 200; d += 37) {
+            int nk = 1 + d % 11;
+            memset(y, 0, sizeof(float) * d);
+            memset(ref, 0, sizeof(float) * d);
+            g4_avsum_isa((g4_isa)isa, y, u, x, (size_t)d + 3, nk, d);
+            for (int k = 0; k < nk; k++) g4_axpy_isa(G4_ISA_SCALAR, ref, u[k], x + (size_t)k * (d + 3), d);
+            assert_memory_equal(y, ref, sizeof(float) * d);
+        }
     free(x);
     free(u);
     free(ref);

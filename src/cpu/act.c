@@ -43,6 +43,12 @@ float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n) {
 }
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n) { ACT_PICK(isa, axpy)(y, a, x, n); }
 
+void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d) {
+    ACT_PICK(isa, avsum)(y, p, v, stride, nk, d);
+}
+void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
+    g4_avsum_isa(g4_isa_best(), y, p, v, stride, nk, d);
+}
 void g4_gelu_mul(float *g, const float *u, size_t n) { g4_gelu_mul_isa(g4_isa_best(), g, u, n); }
 void g4_softcap(float *x, size_t n, float cap) { g4_softcap_isa(g4_isa_best(), x, n, cap); }
 float g4_exp_sum(const float *x, float m, float *y, int n) { return g4_exp_sum_isa(g4_isa_best(), x, m, y, n); }

@@ -58,9 +58,13 @@ float g4_exp_sum(const float *x, float m, float *y, int n);
 /* y[i] += a · x[i] */
 void g4_axpy(float *y, float a, const float *x, int n);
 
+/* y[e] += p[k] · v[k·stride + e], k = 0..nk-1 in order: bitwise nk calls of g4_axpy. */
+void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d);
+
 /* The same at a chosen ISA level, which the CPU must support (at most g4_isa_best()). */
 void g4_gelu_mul_isa(g4_isa isa, float *g, const float *u, size_t n);
 void g4_softcap_isa(g4_isa isa, float *x, size_t n, float cap);
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);
+void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d);
 #endif

@@ -100,6 +100,34 @@ KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* y[e] += p[k] · v[k·stride + e] for k = 0..nk-1 in order (a multiply, then an add, per key):
+ * the same operations as nk calls of axpy, with y held in registers across the keys. */
+KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
+    int i = 0;
+    for (; i + 4 * KW <= d; i += 4 * KW) {
+        VF a0 = *(VF *)(y + i), a1 = *(VF *)(y + i + KW), a2 = *(VF *)(y + i + 2 * KW), a3 = *(VF *)(y + i + 3 * KW);
+        for (int k = 0; k < nk; k++) {
+            const float *vr = v + (size_t)k * stride + i;
+            const VF pk = KN(splat)(p[k]);
+            a0 = a0 + pk * *(const VF *)vr;
+            a1 = a1 + pk * *(const VF *)(vr + KW);
+            a2 = a2 + pk * *(const VF *)(vr + 2 * KW);
+            a3 = a3 + pk * *(const VF *)(vr + 3 * KW);
+        }
+        *(VF *)(y + i) = a0;
+        *(VF *)(y + i + KW) = a1;
+        *(VF *)(y + i + 2 * KW) = a2;
+        *(VF *)(y + i + 3 * KW) = a3;
+    }
+    for (; i + KW <= d; i += KW) {
+        VF a0 = *(VF *)(y + i);
+        for (int k = 0; k < nk; k++) a0 = a0 + KN(splat)(p[k]) * *(const VF *)(v + (size_t)k * stride + i);
+        *(VF *)(y + i) = a0;
+    }
+    for (; i < d; i++)
+        for (int k = 0; k < nk; k++) y[i] += p[k] * v[(size_t)k * stride + (size_t)i];
+}
+
 #undef KCAT2
 #undef KCAT
 #undef KN

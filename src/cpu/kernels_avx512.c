@@ -15,6 +15,16 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline)) T512
 
+/* The 16-lane fold of kernels_internal.h (lane j += lane j + w for w = 8, 4, 2, 1) in registers:
+ * the same additions in the same pairs, so the same bits as g4_fold16. */
+INLINE float fold16v(__m512 a) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+    return _mm_cvtss_f32(q);
+}
+
 /* Software prefetch distance in each weight row (bytes): with the core busy decoding, the
  * hardware prefetcher alone left DRAM streaming at ~35 % of the measured bandwidth at M = 1. */
 #define PF_DIST 4096
@@ -72,13 +82,10 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
                 acc[v][u] = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(k, x + (size_t)u * K + i), w, acc[v][u], k);
         }
     }
-    float l[4][4][16];
 #pragma GCC unroll 4
     for (int v = 0; v < R; v++)
 #pragma GCC unroll 4
-        for (int u = 0; u < T; u++) _mm512_storeu_ps(l[v][u], acc[v][u]);
-    for (int v = 0; v < R; v++)
-        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + r + v] = g4_fold16(l[v][u]);
+        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + r + v] = fold16v(acc[v][u]);
 }
 
 INLINE void float_rowset(const g4_rows_args *a, int r, const int R, g4_wtype t) {
@@ -579,8 +586,9 @@ INLINE void int_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
  * eight dpbusd into one lane per block and the canonical float step once for all 16 blocks. */
 typedef struct {
     const uint8_t *codes;
-    const float *sf, *bf; /* the row's scales (biases) per block, or NULL with s_row / b_row */
-    float s_row, b_row;
+    const float *sf, *bf;          /* SM_BUF: the row's scales (biases) per block */
+    const uint8_t *sraw, *braw;    /* the row's scale (bias) arrays as stored */
+    float s_row, b_row;            /* SM_ROW */
 } srow;
 
 /* Row r's scales (or biases) expanded to one float per block into out (nb floats), vectorised
@@ -606,8 +614,23 @@ T512 static const float *block_factors(const g4_mat *w, const void *src, size_t 
     return out;
 }
 
+/* Where a super-group's 16 block scales (biases) come from: a per-row float buffer (any group),
+ * one value per row, or group-32 arrays read and converted in the loop (F16, BF16). */
+enum { SM_BUF, SM_ROW, SM_F16, SM_BF16 };
+
+INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, const int sm) {
+    switch (sm) {
+    case SM_ROW: return _mm512_set1_ps(bias ? rw->b_row : rw->s_row);
+    case SM_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (const uint16_t *)(bias ? rw->braw : rw->sraw) + 16 * g));
+    case SM_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (const uint16_t *)(bias ? rw->braw : rw->sraw) + 16 * g)), 16));
+    default: return _mm512_maskz_loadu_ps(lanes, (bias ? rw->bf : rw->sf) + 16 * g);
+    }
+}
+
 INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R, int m0, const int T, const int bits,
-                       const int add, const int row_scale) {
+                       const int add, const int sm) {
     const g4_xprep *xp = a->xp;
     const int nb = xp->nb, nsg = xp->nsg;
     const __m512i F = _mm512_set1_epi8(15);
@@ -645,26 +668,29 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
                 _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
                 _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
 #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
+                for (int c = 0; c < 4; c++) { /* high nibbles stay in place: 16·code, scaled back below */
                     __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
                     k[2 * c] = _mm512_and_si512(A, F);
-                    k[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(A, 4), F);
+                    k[2 * c + 1] = _mm512_andnot_si512(F, A);
                 }
             }
-            __m512 sw = row_scale ? _mm512_set1_ps(rw[v].s_row) : _mm512_maskz_loadu_ps(lanes, rw[v].sf + 16 * g);
-            __m512 bw = add ? (row_scale ? _mm512_set1_ps(rw[v].b_row) : _mm512_maskz_loadu_ps(lanes, rw[v].bf + 16 * g)) : sw;
+            __m512 sw = split_scales(&rw[v], 0, g, lanes, sm);
+            __m512 bw = add ? split_scales(&rw[v], 1, g, lanes, sm) : sw;
 #pragma GCC unroll 8
             for (int u = 0; u < T; u++) {
                 const int8_t *q = q0 + (size_t)u * qstride + 512 * (size_t)g;
                 size_t f = f0 + (size_t)u * fstride + 16 * (size_t)g;
-                /* two dependency chains of four (exact integers: the sum is the same) */
+                /* two dependency chains of four (exact integers: the sum is the same). 4 bits: the
+                 * second chain takes the high nibbles as 16·code, so it holds exactly 16 times its
+                 * share and an arithmetic shift by 4 restores it (one shift instead of one per chunk) */
                 __m512i P = _mm512_loadu_si512(xp->c0 + f), P2 = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
-                    P = _mm512_dpbusd_epi32(P, k[c], _mm512_loadu_si512(q + 64 * c));
-                    P2 = _mm512_dpbusd_epi32(P2, k[c + 4], _mm512_loadu_si512(q + 64 * (c + 4)));
+                    int s1 = bits == 4 ? 2 * c : c, s2 = bits == 4 ? 2 * c + 1 : c + 4;
+                    P = _mm512_dpbusd_epi32(P, k[s1], _mm512_loadu_si512(q + 64 * s1));
+                    P2 = _mm512_dpbusd_epi32(P2, k[s2], _mm512_loadu_si512(q + 64 * s2));
                 }
-                P = _mm512_add_epi32(P, P2);
+                P = _mm512_add_epi32(P, bits == 4 ? _mm512_srai_epi32(P2, 4) : P2);
                 __m512 d = _mm512_loadu_ps(xp->dx + f);
                 if (n == 16) {
                     acc[v][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u]);
@@ -676,35 +702,31 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
             }
         }
     }
-    float l[16];
 #pragma GCC unroll 4
     for (int v = 0; v < R; v++)
 #pragma GCC unroll 8
-        for (int u = 0; u < T; u++) {
-            _mm512_storeu_ps(l, acc[v][u]);
-            a->y[(size_t)(m0 + u) * a->ldy + r + v] = g4_fold16(l);
-        }
+        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + r + v] = fold16v(acc[v][u]);
 }
 
 /* One token: R rows at once. Several: one row, its codes unpacked once per tile of up to 8 tokens
  * (more rows per tile would only spill accumulators; activations come from L1 either way). */
 INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int R, const int bits, const int add,
-                         const int row_scale) {
+                         const int sm) {
     if (a->M == 1) {
-        split_tile(a, rw, r, R, 0, 1, bits, add, row_scale);
+        split_tile(a, rw, r, R, 0, 1, bits, add, sm);
         return;
     }
     for (int v = 0; v < R; v++) {
         int m0 = 0;
-        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, r + v, 1, m0, 8, bits, add, row_scale);
+        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, r + v, 1, m0, 8, bits, add, sm);
         switch (a->M - m0) {
-        case 7: split_tile(a, rw + v, r + v, 1, m0, 7, bits, add, row_scale); break;
-        case 6: split_tile(a, rw + v, r + v, 1, m0, 6, bits, add, row_scale); break;
-        case 5: split_tile(a, rw + v, r + v, 1, m0, 5, bits, add, row_scale); break;
-        case 4: split_tile(a, rw + v, r + v, 1, m0, 4, bits, add, row_scale); break;
-        case 3: split_tile(a, rw + v, r + v, 1, m0, 3, bits, add, row_scale); break;
-        case 2: split_tile(a, rw + v, r + v, 1, m0, 2, bits, add, row_scale); break;
-        case 1: split_tile(a, rw + v, r + v, 1, m0, 1, bits, add, row_scale); break;
+        case 7: split_tile(a, rw + v, r + v, 1, m0, 7, bits, add, sm); break;
+        case 6: split_tile(a, rw + v, r + v, 1, m0, 6, bits, add, sm); break;
+        case 5: split_tile(a, rw + v, r + v, 1, m0, 5, bits, add, sm); break;
+        case 4: split_tile(a, rw + v, r + v, 1, m0, 4, bits, add, sm); break;
+        case 3: split_tile(a, rw + v, r + v, 1, m0, 3, bits, add, sm); break;
+        case 2: split_tile(a, rw + v, r + v, 1, m0, 2, bits, add, sm); break;
+        case 1: split_tile(a, rw + v, r + v, 1, m0, 1, bits, add, sm); break;
         default: break;
         }
     }
@@ -713,7 +735,7 @@ INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int
 /* Blocks per row whose factors are expanded on the stack (beyond: the scalar rows). */
 #define MAX_ROW_BLOCKS 2048
 
-INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int row_scale) {
+INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int sm) {
     const g4_mat *w = a->w;
     { /* the loop prefetches PF_DIST ahead: start the first PF_DIST bytes of this range now */
         const char *p0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
@@ -721,6 +743,7 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
         for (size_t o = 0; o < n && o < PF_DIST; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
     }
     float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
+    size_t ss = g4_dtype_size(w->scale_dtype);
     int R = a->M == 1 ? 4 : 2;
     for (int r = r0; r < r1;) {
         int n = r1 - r >= R ? R : 1;
@@ -728,12 +751,14 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
         for (int v = 0; v < n; v++) {
             size_t base = (size_t)(r + v) * w->scale_stride;
             rw[v].codes = (const uint8_t *)w->data + (size_t)(r + v) * w->row_bytes;
-            if (row_scale) {
+            rw[v].sraw = (const uint8_t *)w->scales + base * ss;
+            rw[v].braw = add ? (const uint8_t *)w->biases + base * ss : NULL;
+            if (sm == SM_ROW) {
                 rw[v].s_row = g4_scale_at(w->scales, w->scale_dtype, base);
                 rw[v].b_row = add ? g4_scale_at(w->biases, w->scale_dtype, base) : 0;
-            } else {
+            } else if (sm == SM_BUF) {
                 rw[v].sf = block_factors(w, w->scales, base, tmp, sf[v]);
-                if (rw[v].sf == tmp) { /* group 32: keep the converted row apart from the next one */
+                if (rw[v].sf == tmp) { /* keep the converted row apart from the next one */
                     memcpy(sf[v], tmp, sizeof(float) * (size_t)(w->cols / 32));
                     rw[v].sf = sf[v];
                 }
@@ -744,36 +769,39 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
                 }
             }
         }
-        if (n == 4) split_rowset(a, rw, r, 4, bits, add, row_scale);
-        else if (n == 2) split_rowset(a, rw, r, 2, bits, add, row_scale);
-        else split_rowset(a, rw, r, 1, bits, add, row_scale);
+        if (n == 4) split_rowset(a, rw, r, 4, bits, add, sm);
+        else if (n == 2) split_rowset(a, rw, r, 2, bits, add, sm);
+        else split_rowset(a, rw, r, 1, bits, add, sm);
         r += n;
     }
 }
 
-#define SPLIT_FN(bits, add, rs) \
-    T512 static void split_##bits##_##add##_##rs(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, rs); }
-SPLIT_FN(4, 0, 0)
-SPLIT_FN(4, 0, 1)
-SPLIT_FN(4, 1, 0)
-SPLIT_FN(4, 1, 1)
-SPLIT_FN(8, 0, 0)
-SPLIT_FN(8, 0, 1)
-SPLIT_FN(8, 1, 0)
-SPLIT_FN(8, 1, 1)
+#define SPLIT_FN(bits, add, sm) \
+    T512 static void split_##bits##_##add##_##sm(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, sm); }
+#define SPLIT_FNS(bits, add) SPLIT_FN(bits, add, SM_BUF) SPLIT_FN(bits, add, SM_ROW) SPLIT_FN(bits, add, SM_F16) SPLIT_FN(bits, add, SM_BF16)
+SPLIT_FNS(4, 0)
+SPLIT_FNS(4, 1)
+SPLIT_FNS(8, 0)
+SPLIT_FNS(8, 1)
 
 T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
-    static void (*const fns[2][2][2])(const g4_rows_args *, int, int) = {
-        {{split_4_0_0, split_4_0_1}, {split_4_1_0, split_4_1_1}},
-        {{split_8_0_0, split_8_0_1}, {split_8_1_0, split_8_1_1}},
+#define SPLIT_ROW(bits, add) {split_##bits##_##add##_SM_BUF, split_##bits##_##add##_SM_ROW, split_##bits##_##add##_SM_F16, split_##bits##_##add##_SM_BF16}
+    static void (*const fns[2][2][4])(const g4_rows_args *, int, int) = {
+        {SPLIT_ROW(4, 0), SPLIT_ROW(4, 1)},
+        {SPLIT_ROW(8, 0), SPLIT_ROW(8, 1)},
     };
+#undef SPLIT_ROW
     const g4_mat *w = a->w;
     int G = w->group > 0 ? w->group : w->cols;
     if (w->cols / 32 > MAX_ROW_BLOCKS) {
         g4_rows_split_scalar(a, r0, r1);
         return;
     }
-    fns[w->bits == 8][w->type == G4_W_AFFINE][G == w->cols](a, r0, r1);
+    int sm = G == w->cols ? SM_ROW
+           : G == 32 && w->scale_dtype == G4_DT_F16 ? SM_F16
+           : G == 32 && w->scale_dtype == G4_DT_BF16 ? SM_BF16
+                                                      : SM_BUF;
+    fns[w->bits == 8][w->type == G4_W_AFFINE][sm](a, r0, r1);
 }
 
 #define INT_ROWS(name, T_) \

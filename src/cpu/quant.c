@@ -450,7 +450,6 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
     int nb = w->cols / 32;
     size_t rows = (size_t)w->rows, rb = (size_t)w->cols * (size_t)bits / 8;
     uint8_t *codes = mem;
-    memset(codes, 0, rows * rb);
     g4_mat o = *w;
     o.split = 1;
     o.bits = bits;
@@ -487,15 +486,22 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
                     u[e] = blk[bb - 16 + e] & 15;
                     u[16 + e] = blk[bb - 16 + e] >> 4;
                 }
-            } else {
-                for (int i = 0; i < 32; i++)
-                    u[i] = (uint8_t)(g4_stream_code(p, 32L * b + i, bits) ^ (unsigned)(flip ? 0x80 : 0));
+            } else if (bits == 8) {
+                for (int i = 0; i < 32; i++) u[i] = (uint8_t)(p[32 * b + i] ^ (flip ? 0x80 : 0));
+            } else { /* a 4-bit LSB-first stream: byte i holds codes 2i (low) and 2i + 1 */
+                for (int i = 0; i < 16; i++) {
+                    u[2 * i] = p[16 * b + i] & 15;
+                    u[2 * i + 1] = p[16 * b + i] >> 4;
+                }
             }
-            for (int i = 0; i < 32; i++) {
-                size_t at;
-                int sh;
-                split_pos(nb, bits, b, i, &at, &sh);
-                dst[at] |= (uint8_t)(u[i] << sh);
+            /* into the super-group layout (quant.h): chunk stride 4n, lane l */
+            int g = b / 16, l = b % 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+            uint8_t *base = dst + (size_t)g * 64 * (size_t)bits + 4 * (size_t)l;
+            if (bits == 8) {
+                for (int c = 0; c < 8; c++) memcpy(base + (size_t)c * 4 * (size_t)n, u + 4 * c, 4);
+            } else {
+                for (int c = 0; c < 4; c++)
+                    for (int t = 0; t < 4; t++) base[(size_t)c * 4 * (size_t)n + (size_t)t] = (uint8_t)(u[8 * c + t] | u[8 * c + 4 + t] << 4);
             }
         }
     }

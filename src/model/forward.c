@@ -175,6 +175,14 @@ typedef struct {
     g4_isa isa;
 } attn_job;
 
+/* How many positions from k (at most up to p) lie in one contiguous run of rows: cached ones up
+ * to the ring's wrap or the staged block, staged ones to the end. */
+static inline int kv_run(const g4_state *s, int src, int k, int p) {
+    if (k >= s->stage_pos) return p + 1 - k;
+    int cap = s->cache_cap[src], slot = k % cap, end = s->stage_pos - 1 < p ? s->stage_pos - 1 : p;
+    return end - k + 1 < cap - slot ? end - k + 1 : cap - slot;
+}
+
 
 /* One (token, head) pair per item: scores over the visible keys in ascending position order,
  * softmax, weighted sum of V. Scale 1.0 (q and k are RMS-normed). */
@@ -196,12 +204,7 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
          * g4_dot_f32, four keys per pass */
         for (int k = lo; k <= p;) {
             const float *base = kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off;
-            int run = 1;
-            if (k >= s->stage_pos) run = p + 1 - k;
-            else {
-                int cap = s->cache_cap[j->src], slot = k % cap, end = s->stage_pos - 1 < p ? s->stage_pos - 1 : p;
-                run = end - k + 1 < cap - slot ? end - k + 1 : cap - slot;
-            }
+            int run = kv_run(s, j->src, k, p);
             g4_mat km = g4_mat_dense(G4_DT_F32, run, d, base);
             km.row_bytes = row * sizeof(float);
             g4_matmul_isa(j->isa, NULL, &km, qv, 1, sc + (k - lo), run);
@@ -210,10 +213,14 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
         float mx = -INFINITY;
         for (int k = 0; k <= p - lo; k++) mx = sc[k] > mx ? sc[k] : mx;
         float sum = g4_exp_sum_isa(j->isa, sc, mx, sc, p - lo + 1);
+        for (int k = 0; k <= p - lo; k++) sc[k] = sc[k] / sum;
         float *out = s->att + (size_t)m * nq + (size_t)h * d;
         memset(out, 0, sizeof(float) * d);
-        for (int k = lo; k <= p; k++)
-            g4_axpy_isa(j->isa, out, sc[k - lo] / sum, kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, d);
+        for (int k = lo; k <= p;) { /* the weighted sum of V over the same contiguous runs */
+            int run = kv_run(s, j->src, k, p);
+            g4_avsum_isa(j->isa, out, sc + (k - lo), kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
+            k += run;
+        }
     }
 }
 
