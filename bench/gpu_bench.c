@@ -6,8 +6,11 @@
  *   breakdown    the same step with classes of stages skipped: attention, LM head, everything
  *                (what is left is the barriers and the launch)
  *   tune         (--tune LIST) decode at ctx 128 under other prefetch / row-split settings
+ *   trace        (--trace LIST) one step with per-stage timestamps under modes (g4_cuda_set_mode) and
+ *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
- *                  [--ctx 128,4096] [--tune pf,self,split;...] [--no-breakdown] */
+ *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail;...]
+ *                  [--mode evict_first,op_local] [--no-breakdown] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,14 +44,102 @@ static double kv_bytes(const g4_model *m, int pos) {
 }
 
 typedef struct {
-    const char *storage, *tune, *ctx;
+    const char *storage, *tune, *ctx, *trace;
     int breakdown;
+    int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
 } bench_opts;
+
+static int cmp_u64(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* One traced M=1 step at ctx 128 under a mode: per stage kind, the stage's span (start to the next
+ * stage's start), the median and slowest block's work, the input tile (matmuls) and the wait at the
+ * barrier; weight GB/s of the matmul kinds over their spans. */
+static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local, int skip, int detail, int restore_ev,
+                        int restore_local) {
+    static const char *names[] = {"embed", "matmul", "heads", "attn", "combine", "ple", "moe_route", "expert",
+                                  "moe_comb", "c_topk", "c_score", "c_fill"};
+    enum { NK = 12 };
+    g4_error err = {0};
+    int grid = 0, n = 0;
+    g4_cuda_describe(s->cuda, &grid, &n, NULL, NULL);
+    unsigned long long *st = malloc(sizeof *st * (size_t)n * grid * 4), *tmp = malloc(sizeof *tmp * (size_t)grid);
+    int *kinds = malloc(sizeof(int) * (size_t)n);
+    double *wb = malloc(sizeof(double) * (size_t)n);
+    g4_cuda_set_mode(s->cuda, ev, local);
+    g4_cuda_set_skip(s->cuda, skip);
+    g4_session_reset(s);
+    if (g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
+        g4_cuda_trace(s->cuda, 128, prompt + 128, 1, st, kinds, wb, &err)) {
+        fprintf(stderr, "trace: %s\n", err.message);
+        goto done;
+    }
+    double cyc = 0, ns = 0; /* SM cycles per ns, from the blocks' own spans */
+    for (size_t i = 0; i < (size_t)n * grid; i++) {
+        cyc += (double)st[i * 4 + 3];
+        ns += (double)(st[i * 4 + 1] - st[i * 4]);
+    }
+    const double cpn = ns > 0 ? cyc / ns : 1.0;
+    double span[NK] = {0}, wmed[NK] = {0}, wmax[NK] = {0}, inp[NK] = {0}, wait[NK] = {0}, bytes[NK] = {0};
+    int cnt[NK] = {0};
+    const unsigned long long t_first = st[0];
+    unsigned long long t_last = 0;
+    for (int i = 0; i < n; i++) {
+        const unsigned long long *r = st + (size_t)i * grid * 4;
+        unsigned long long emax = 0;
+        for (int b = 0; b < grid; b++) {
+            tmp[b] = r[b * 4 + 3];
+            if (r[b * 4 + 1] > emax) emax = r[b * 4 + 1];
+        }
+        qsort(tmp, (size_t)grid, sizeof *tmp, cmp_u64);
+        unsigned long long in_sorted = 0;
+        {
+            unsigned long long *t2 = malloc(sizeof *t2 * (size_t)grid);
+            for (int b = 0; b < grid; b++) t2[b] = r[b * 4 + 2];
+            qsort(t2, (size_t)grid, sizeof *t2, cmp_u64);
+            in_sorted = t2[grid / 2];
+            free(t2);
+        }
+        const unsigned long long next = i + 1 < n ? st[(size_t)(i + 1) * grid * 4] : emax;
+        const double sp = (double)(next - r[0]) / 1e3, md = tmp[grid / 2] / cpn / 1e3, mx = tmp[grid - 1] / cpn / 1e3;
+        const double in = in_sorted / cpn / 1e3, wt = (double)(next > emax ? next - emax : 0) / 1e3;
+        const int k = kinds[i] >= 0 && kinds[i] < NK ? kinds[i] : 0;
+        span[k] += sp;
+        wmed[k] += md;
+        wmax[k] += mx;
+        inp[k] += in;
+        wait[k] += wt;
+        bytes[k] += wb[i];
+        cnt[k]++;
+        if (next > t_last) t_last = next;
+        if (i < detail)
+            printf("      stage %3d %-9s span %7.1f us  work med %6.1f max %6.1f  input %5.1f  wait %5.1f  %6.2f MB %7.0f GB/s\n", i,
+                   names[k], sp, md, mx, in, wt, wb[i] / 1e6, sp > 0 ? wb[i] / (sp * 1e3) : 0.0);
+    }
+    printf("    trace M=1 ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end\n",
+           ev, local, skip, (double)(t_last - t_first) / 1e6);
+    printf("      %-9s %4s %9s %9s %9s %9s %9s %9s %8s\n", "kind", "n", "total ms", "span us", "work med", "work max",
+           "input", "wait", "GB/s");
+    for (int k = 0; k < NK; k++)
+        if (cnt[k])
+            printf("      %-9s %4d %9.3f %9.2f %9.2f %9.2f %9.2f %9.2f %8.0f\n", names[k], cnt[k], span[k] / 1e3,
+                   span[k] / cnt[k], wmed[k] / cnt[k], wmax[k] / cnt[k], inp[k] / cnt[k], wait[k] / cnt[k],
+                   span[k] > 0 ? bytes[k] / (span[k] * 1e3) : 0.0);
+done:
+    g4_cuda_set_skip(s->cuda, 0);
+    g4_cuda_set_mode(s->cuda, restore_ev, restore_local);
+    free(st);
+    free(tmp);
+    free(kinds);
+    free(wb);
+}
 
 static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, const bench_opts *bo) {
     g4_error err = {0};
     g4_model *m = NULL;
-    g4_synth_options so = {.seed = 1, .n_layers = n_layers};
+    g4_synth_options so = {.seed = 1, .n_layers = n_layers, .keep_layout = 1}; /* the GPU uploads checkpoint layouts */
     double t0 = now();
     if (g4_model_synth(arch, &so, bo->storage, &m, &err)) {
         fprintf(stderr, "synth %s: %s\n", arch, err.message);
@@ -79,6 +170,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         g4_model_free(m);
         return 1;
     }
+    g4_cuda_set_mode(s->cuda, bo->evict_first, bo->op_local);
     int grid = 0, n_ops = 0;
     size_t wb = 0, sb = 0;
     g4_cuda_describe(s->cuda, &grid, &n_ops, &wb, &sb);
@@ -138,6 +230,28 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         }
         g4_cuda_set_tune(s->cuda, 0, 0, 8, 0, &err);
     }
+    /* per-stage traces: "ev,local,skip[,detail];..." */
+    if (bo->trace && *bo->trace) {
+        char tl[256];
+        snprintf(tl, sizeof tl, "%s", bo->trace);
+        char *save = NULL;
+        for (char *q = strtok_r(tl, ";", &save); q; q = strtok_r(NULL, ";", &save)) {
+            int ev = 1, local = 1, skip = 0, detail = 0;
+            if (sscanf(q, "%d,%d,%d,%d", &ev, &local, &skip, &detail) < 2) continue;
+            if (!bo->breakdown) { /* decode speed under this mode too */
+                double secs = 0;
+                g4_error e2 = {0};
+                g4_cuda_set_mode(s->cuda, ev, local);
+                g4_session_reset(s);
+                if (!g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &e2) &&
+                    !g4_cuda_decode_chain(s->cuda, 128, prompt[128], 8, out, &secs, &e2) &&
+                    !g4_cuda_decode_chain(s->cuda, 128, prompt[128], n_tok, out, &secs, &e2))
+                    printf("    mode evict_first=%d op_local=%d: decode ctx 128 %.1f tok/s\n", ev, local, n_tok / secs);
+                g4_cuda_set_mode(s->cuda, bo->evict_first, bo->op_local);
+            }
+            trace_table(s, prompt, ev, local, skip, detail, bo->evict_first, bo->op_local);
+        }
+    }
     /* verify blocks and the breakdown at context 128 */
     g4_session_reset(s);
     if (!g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err)) {
@@ -185,18 +299,24 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
 int main(int argc, char **argv) {
     const char *archs = "e2b,e4b";
     int n_tok = 128, n_layers = 0;
-    bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .breakdown = 1};
+    bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .trace = NULL, .breakdown = 1,
+                     .evict_first = 1, .op_local = 1};
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut short by a time limit still shows how far it got */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) archs = argv[++i];
         else if (!strcmp(argv[i], "--storage") && i + 1 < argc) bo.storage = argv[++i];
         else if (!strcmp(argv[i], "--tune") && i + 1 < argc) bo.tune = argv[++i];
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) bo.ctx = argv[++i];
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) bo.trace = argv[++i];
         else if (!strcmp(argv[i], "--no-breakdown")) bo.breakdown = 0;
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
+        }
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--no-breakdown]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--no-breakdown]\n");
             return 2;
         }
     }

@@ -69,6 +69,15 @@ g4_status g4_cuda_decode_chain(g4_cuda *c, int pos, int32_t tok, int n, int32_t 
 /* reps forwards of M tokens at pos (staged, all logits, no commit), GPU time per forward. */
 g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int reps, double *seconds,
                                g4_error *err);
+/* Modes, for comparing in benchmarks (both on by default): weight loads marked evict-first in L2,
+ * and each stage's description read from a shared-memory copy fetched during the barrier. */
+void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local);
+/* One forward of M tokens at pos (staged, all logits) with per-stage timestamps:
+ * stamps[n_ops][grid][4] = start and end (ns, one clock for the device), input-tile cycles and work
+ * cycles (the block's SM clock); kinds[n_ops] the stages' G4C_OP_* kinds and wbytes[n_ops] the
+ * weight bytes each streams (either may be NULL). */
+g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps, int *kinds,
+                        double *wbytes, g4_error *err);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);
 /* Tuning for benchmarks: items per row team prefetched into L2 ahead of the next matmul stage

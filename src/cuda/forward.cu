@@ -24,12 +24,20 @@
 
 /* ---- loads ----------------------------------------------------------------------------------- */
 
-DEV uint4 ld_w16(const void *p) {
+/* weights: read once per launch, so they bypass L1 and, with an evict-first policy, leave L2 before
+ * what is reused (the kernel's code, the stage list, activations, the cache, the stack) */
+DEV uint4 ld_w16(const void *p, unsigned long long pol) {
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
+        : "l"(p), "l"(pol));
     return r;
+}
+DEV unsigned long long l2_policy(int evict_first) {
+    unsigned long long pol;
+    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
 }
 DEV float lda(const float *p) { return __ldcg(p); }
 DEV float4 lda4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
@@ -115,8 +123,10 @@ DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / 
 /* ---- the grid barrier --------------------------------------------------------------------------- */
 
 /* Barrier k of a grid of G blocks completes when the arrival counter reaches (k+1)·G: one atomic
- * per block, no reset (the 64-bit counter never wraps in practice). */
-DEV void grid_sync(g4c_ctl *ctl) {
+ * per block, no reset (the 64-bit counter never wraps in practice). While thread 0 waits, the other
+ * threads copy the next stage's g4c_op (next not NULL) into shared memory (`into`), so its fields
+ * are read at shared-memory latency instead of by a chain of dependent global loads. */
+DEV void grid_sync(g4c_ctl *ctl, const g4c_op *next, g4c_op *into) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -126,8 +136,20 @@ DEV void grid_sync(g4c_ctl *ctl) {
         while (*b < target) {
         }
         __threadfence();
+    } else if (next) {
+        constexpr int W = (int)(sizeof(g4c_op) / 4);
+        const int *src = reinterpret_cast<const int *>(next);
+        int *dst = reinterpret_cast<int *>(into);
+#pragma unroll 1
+        for (int i = threadIdx.x - 1; i < W; i += G4C_THREADS - 1) dst[i] = __ldg(src + i);
     }
     __syncthreads();
+}
+
+DEV unsigned long long global_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 /* ---- the dot product: two weight rows against mt input rows -------------------------------------- */
@@ -162,7 +184,7 @@ template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, floa
  * input tile (row stride ldx). */
 template <int T, int MTT>
 DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const float *x, int ldx, int mt, int j, int S,
-              float (&acc)[2][G4C_MT]) {
+              float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
     constexpr int U = T == G4C_Q4 ? 2 : 4;
@@ -179,8 +201,8 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
         for (int u = 0; u < U; u++) {
             const int c = c0 + step * u;
             if (c < nch) {
-                wv0[u] = ld_w16(w0 + (size_t)c * 16);
-                wv1[u] = ld_w16(w1 + (size_t)c * 16);
+                wv0[u] = ld_w16(w0 + (size_t)c * 16, pol);
+                wv1[u] = ld_w16(w1 + (size_t)c * 16, pol);
                 if (Q) {
                     const int g = c * E / wm.group;
                     s0[u] = q_param(w0, wm.sc_off, wm.stype, g);
@@ -288,6 +310,7 @@ typedef struct {
     float *mn;     /* [WARPS] */
     int *flag;     /* [4] */
     float *tp;     /* [2][WARPS][2][MT] team partials (double-buffered) */
+    g4c_op *ops;   /* [2] the current and the next stage (p.op_local) */
 } tail_t;
 
 DEV tail_t tail_of(float *sm, const g4c_params &p) {
@@ -298,6 +321,7 @@ DEV tail_t tail_of(float *sm, const g4c_params &p) {
     t.mn = (float *)(t.bi + G4C_WARPS * G4C_MT);
     t.flag = (int *)(t.mn + G4C_WARPS);
     t.tp = (float *)(t.flag + 4);
+    t.ops = (g4c_op *)((char *)t.red + 4096);
     return t;
 }
 
@@ -532,6 +556,7 @@ __device__ __noinline__ void mm_tile(const g4c_op *op, const g4c_params &p, int 
     const int tg = blockIdx.x * tpb + team, nteams = gridDim.x * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
     const float cap = op->cap;
+    const unsigned long long pol = l2_policy(p.evict_first);
     int parity = 0;
     float bv[G4C_MT];
     int bi[G4C_MT];
@@ -548,7 +573,7 @@ __device__ __noinline__ void mm_tile(const g4c_op *op, const g4c_params &p, int 
         if (pf_self && lead && lane == 0 && it + nteams < total) mm_prefetch_item(op, sh, it + nteams);
         const g4c_part *P0 = &op->part[pi];
         float acc[2][G4C_MT];
-        dot2<T, MTT>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc);
+        dot2<T, MTT>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol);
         if (S > 1) { /* the team's warp sums, added in warp order by warp 0 */
             float *tp = tl.tp + (size_t)parity * G4C_WARPS * 2 * G4C_MT;
             parity ^= 1;
@@ -623,7 +648,9 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     const int warp = threadIdx.x >> 5;
     for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
         const int mt = min(mt_cap, M - t0);
+        const long long ci = p.trace ? clock64() : 0;
         load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
+        if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if (sh.total) {
             if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);
             else if (mt <= 4) mm_tile_t<4>(type, op, p, step, sm, t0, mt, amax);
@@ -980,7 +1007,8 @@ DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* The top-k experts of every token: gate/up pairs over x2 (ex_pair) or down over their output. */
 template <int T>
-__device__ __noinline__ void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk) {
+__device__ __noinline__ void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int evict_first) {
+    const unsigned long long pol = l2_policy(evict_first);
     const int K = op->topk, Im = op->Im, H = op->H, pair = op->ex_pair;
     const int rpt = pair ? 1 : K, kin = pair ? H : Im;
     const int per_k = pair ? Im : (H + 1) / 2, per_tok = K * per_k;
@@ -1004,7 +1032,7 @@ __device__ __noinline__ void expert_tile(const g4c_op *op, float *sm, int t0, in
             w1 = has1 ? w0 + w.row_bytes : w0;
         }
         float acc[2][G4C_MT];
-        dot2<T, 1>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc);
+        dot2<T, 1>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc, pol);
         if (lane == 0) {
             const size_t mk = (size_t)(t0 + m) * K + k;
             if (pair) {
@@ -1031,11 +1059,11 @@ DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
             for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
         __syncthreads();
         switch (op->ew.type) {
-        case G4C_BF16: expert_tile<G4C_BF16>(op, sm, t0, mt, ldk); break;
-        case G4C_F16: expert_tile<G4C_F16>(op, sm, t0, mt, ldk); break;
-        case G4C_Q8: expert_tile<G4C_Q8>(op, sm, t0, mt, ldk); break;
-        case G4C_Q4: expert_tile<G4C_Q4>(op, sm, t0, mt, ldk); break;
-        default: expert_tile<G4C_F32>(op, sm, t0, mt, ldk); break;
+        case G4C_BF16: expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_F16: expert_tile<G4C_F16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q8: expert_tile<G4C_Q8>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q4: expert_tile<G4C_Q4>(op, sm, t0, mt, ldk, p.evict_first); break;
+        default: expert_tile<G4C_F32>(op, sm, t0, mt, ldk, p.evict_first); break;
         }
         __syncthreads();
     }
@@ -1125,12 +1153,13 @@ DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* one token, any weight type (the drafter's centroid head: off the decode path) */
 DEVN void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, const float *x, int ldx, float (&acc)[2][G4C_MT]) {
+    const unsigned long long pol = l2_policy(0); /* the drafter's embedding rows: gathered, may repeat */
     switch (w.type) {
-    case G4C_BF16: dot2<G4C_BF16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
-    case G4C_F16: dot2<G4C_F16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
-    case G4C_Q8: dot2<G4C_Q8, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
-    case G4C_Q4: dot2<G4C_Q4, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
-    default: dot2<G4C_F32, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc); break;
+    case G4C_BF16: dot2<G4C_BF16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_F16: dot2<G4C_F16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_Q8: dot2<G4C_Q8, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_Q4: dot2<G4C_Q4, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    default: dot2<G4C_F32, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
     }
 }
 
@@ -1199,12 +1228,33 @@ DEVN void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
 
 /* ---- the kernel ------------------------------------------------------------------------------------ */
 
+static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 4 * 4 * G4C_WARPS * G4C_MT <= 4096,
+              "reduction scratch overlaps the stage copies");
+static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
+
 __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
     extern __shared__ __align__(16) float sm[];
+    const tail_t tl = tail_of(sm, p);
     const int pos0 = ldi(&p.ctl->pos);
+    const bool local = p.op_local != 0, tr = p.trace != NULL && threadIdx.x == 0;
+    unsigned long long *trace = tr ? p.trace + (size_t)blockIdx.x * 4 : NULL;
+    const size_t tstride = (size_t)gridDim.x * 4;
+    if (local) { /* stage 0's copy */
+#pragma unroll 1
+        for (int i = threadIdx.x; i < (int)(sizeof(g4c_op) / 4); i += G4C_THREADS)
+            reinterpret_cast<int *>(tl.ops)[i] = __ldg(reinterpret_cast<const int *>(p.ops) + i);
+        __syncthreads();
+    }
+    int k = 0; /* stages run so far in this launch */
     for (int step = 0; step < p.n_steps; step++) {
-        for (int s = 0; s < p.n_ops; s++) {
-            const g4c_op *op = p.ops + s;
+        for (int s = 0; s < p.n_ops; s++, k++) {
+            const g4c_op *op = local ? tl.ops + (k & 1) : p.ops + s;
+            long long c0 = 0;
+            if (tr) {
+                trace[0] = global_ns();
+                c0 = clock64();
+                tl.flag[2] = 0;
+            }
             if (op->kind != G4C_OP_MATMUL && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, -1);
             if (!(p.skip & op->cls)) {
                 switch (op->kind) {
@@ -1223,7 +1273,17 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
                 default: break;
                 }
             }
-            if (s + 1 < p.n_ops || step + 1 < p.n_steps) grid_sync(p.ctl);
+            if (p.trace) { /* the whole block waits (a barrier inside `if (tr)` would hang: only thread 0 reaches it) */
+                __syncthreads();
+                if (tr) {
+                    trace[1] = global_ns();
+                    trace[2] = (unsigned long long)tl.flag[2];
+                    trace[3] = (unsigned long long)(clock64() - c0);
+                    trace += tstride;
+                }
+            }
+            const bool more = s + 1 < p.n_ops || step + 1 < p.n_steps;
+            if (more) grid_sync(p.ctl, local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL, tl.ops + ((k + 1) & 1));
         }
     }
 }

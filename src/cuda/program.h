@@ -207,5 +207,11 @@ typedef struct g4c_params {
     int pf_items;         /* row teams' items of the next matmul prefetched ahead (0: off) */
     int pf_self;          /* 1: each team prefetches its next item's rows within a stage */
     float eps;            /* RMSNorm epsilon */
+    int evict_first;      /* 1: weight loads are marked first to leave L2 (they are read once per
+                             launch; code, stage list, activations and the stack stay resident) */
+    int op_local;         /* 1: each stage's g4c_op is read from a shared-memory copy, fetched
+                             while the previous barrier completes */
+    unsigned long long *trace; /* not NULL: per stage and block, [start ns, end ns, input-tile
+                                  cycles, work cycles] (benchmark instrumentation) */
 } g4c_params;
 #endif

@@ -85,6 +85,7 @@ struct g4_cuda {
     const g4_model *m;
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row;
     int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
+    int evict_first, op_local;           /* g4_cuda_set_mode */
     int smem_need;                       /* floats of the widest input tile row */
     size_t smem;
     cudaStream_t stream;
@@ -741,6 +742,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->pf_items = 0;
     c->pf_self = 0;
     c->split_chunks = 8;
+    c->evict_first = 1;
+    c->op_local = 1;
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
         if (e) {
@@ -843,6 +846,8 @@ static g4c_params base_params(const g4_cuda *c) {
     p.pf_self = c->pf_self;
     p.eps = c->m->cfg.rms_eps;
     p.skip = c->skip;
+    p.evict_first = c->evict_first;
+    p.op_local = c->op_local;
     return p;
 }
 
@@ -1119,6 +1124,10 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter centroid head with %d centroids is not supported",
                        d->cfg.n_centroids);
     if (G4C_TILE_LD(2 * c->m->cfg.hidden) > c->smem_in) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter input too wide");
+    for (int i = 0; i < dc->n_layers; i++) /* the drafter's own rows must fit the shared-memory tile too */
+        if (G4C_TILE_LD(dc->layers[i].mlp_width) > c->smem_in || G4C_TILE_LD(dc->n_heads * dc->layers[i].head_dim) > c->smem_in ||
+            G4C_TILE_LD(dc->hidden) > c->smem_in)
+            return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter layer %d has an input row wider than shared memory", i);
     bump b = {NULL, 0, 1};
     g4_status st = upload_drafter(c, d, &b, err);
     if (st) return st;
@@ -1238,6 +1247,45 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
+
+extern "C" void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local) {
+    c->evict_first = !!evict_first;
+    c->op_local = !!op_local;
+}
+
+/* weight bytes a stage streams once (matmuls; experts: the top-k experts' rows) */
+static double stage_weight_bytes(const g4c_op &o, int want_logits) {
+    double b = 0;
+    if (o.kind == G4C_OP_MATMUL && (!o.lm || want_logits))
+        for (int i = 0; i < o.nparts; i++) b += (double)o.part[i].w.rows * (double)o.part[i].w.row_bytes;
+    if (o.kind == G4C_OP_EXPERT) b = (double)o.topk * (o.ex_pair ? 2.0 * o.Im : (double)o.H) * (double)o.ew.row_bytes;
+    return b;
+}
+
+extern "C" g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps,
+                                   int *kinds, double *wbytes, g4_error *err) {
+    if (M < 1 || M > c->max_batch || pos < 0 || pos + M > c->n_ctx) return g4_fail(err, G4_ERR_ARG, "bad traced forward");
+    const size_t n = c->ops.size() * (size_t)c->grid * 4;
+    unsigned long long *d = NULL;
+    CK(cudaMalloc((void **)&d, n * sizeof *d), "allocating the trace");
+    g4_status st = set_tokens(c, pos, tokens, M, err);
+    g4c_params p = base_params(c);
+    p.M = M;
+    p.want_logits = 1;
+    p.trace = d;
+    cudaError_t e = cudaSuccess;
+    for (int r = 0; r < 2 && !st && !e; r++) e = g4c_launch(&p, c->grid, c->smem, c->stream); /* warm, then traced */
+    if (!st && !e) e = cudaMemcpyAsync(stamps, d, n * sizeof *d, cudaMemcpyDeviceToHost, c->stream);
+    if (!st && !e) e = cudaStreamSynchronize(c->stream);
+    cudaFree(d);
+    if (st) return st;
+    if (e) return cuda_fail(err, e, "running a traced forward");
+    for (size_t i = 0; i < c->ops.size(); i++) {
+        if (kinds) kinds[i] = c->ops[i].kind;
+        if (wbytes) wbytes[i] = stage_weight_bytes(c->ops[i], 1);
+    }
+    return G4_OK;
+}
 
 extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb,
                                       g4_error *err) {

@@ -102,7 +102,7 @@ static void check_fixture(const char *arg, int n_gen) {
     if (strrchr(name, '/')) memmove(name, strrchr(name, '/') + 1, strlen(strrchr(name, '/')));
     g4_error err = {0};
     g4_model *m = NULL;
-    if (g4_model_load(dir, NULL, &m, &err)) {
+    if (g4_model_load(dir, &(g4_model_options){.keep_layout = 1}, &m, &err)) { /* the GPU uploads checkpoint layouts */
         snprintf(detail, sizeof detail, "%s", err.message);
         report(0, name, "load", detail);
         return;
