@@ -616,9 +616,16 @@ T512 static const float *block_factors(const g4_mat *w, const void *src, size_t 
 
 /* Where a super-group's 16 block scales (biases) come from: a per-row float buffer (any group),
  * one value per row, or group-32 arrays read and converted in the loop (F16, BF16). */
-enum { SM_BUF, SM_ROW, SM_F16, SM_BF16 };
+enum { SM_BUF, SM_ROW, SM_F16, SM_BF16, SM_F16_64, SM_BF16_64 };
 
 INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, const int sm) {
+    if (sm == SM_F16_64 || sm == SM_BF16_64) { /* group 64: 8 values, each for two blocks */
+        const __m512i e2 = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1);
+        __mmask16 k8 = (__mmask16)((1u << ((__builtin_popcount(lanes) + 1) / 2)) - 1);
+        __m256i h = _mm256_maskz_loadu_epi16(k8, (const uint16_t *)(bias ? rw->braw : rw->sraw) + 8 * g);
+        __m512 f = sm == SM_F16_64 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        return _mm512_maskz_permutexvar_ps(lanes, e2, f);
+    }
     switch (sm) {
     case SM_ROW: return _mm512_set1_ps(bias ? rw->b_row : rw->s_row);
     case SM_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (const uint16_t *)(bias ? rw->braw : rw->sraw) + 16 * g));
@@ -778,15 +785,18 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
 
 #define SPLIT_FN(bits, add, sm) \
     T512 static void split_##bits##_##add##_##sm(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, sm); }
-#define SPLIT_FNS(bits, add) SPLIT_FN(bits, add, SM_BUF) SPLIT_FN(bits, add, SM_ROW) SPLIT_FN(bits, add, SM_F16) SPLIT_FN(bits, add, SM_BF16)
+#define SPLIT_FNS(bits, add) SPLIT_FN(bits, add, SM_BUF) SPLIT_FN(bits, add, SM_ROW) SPLIT_FN(bits, add, SM_F16) \
+    SPLIT_FN(bits, add, SM_BF16) SPLIT_FN(bits, add, SM_F16_64) SPLIT_FN(bits, add, SM_BF16_64)
 SPLIT_FNS(4, 0)
 SPLIT_FNS(4, 1)
 SPLIT_FNS(8, 0)
 SPLIT_FNS(8, 1)
 
 T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
-#define SPLIT_ROW(bits, add) {split_##bits##_##add##_SM_BUF, split_##bits##_##add##_SM_ROW, split_##bits##_##add##_SM_F16, split_##bits##_##add##_SM_BF16}
-    static void (*const fns[2][2][4])(const g4_rows_args *, int, int) = {
+#define SPLIT_ROW(bits, add)                                                                                  \
+    {split_##bits##_##add##_SM_BUF, split_##bits##_##add##_SM_ROW, split_##bits##_##add##_SM_F16, split_##bits##_##add##_SM_BF16, \
+     split_##bits##_##add##_SM_F16_64, split_##bits##_##add##_SM_BF16_64}
+    static void (*const fns[2][2][6])(const g4_rows_args *, int, int) = {
         {SPLIT_ROW(4, 0), SPLIT_ROW(4, 1)},
         {SPLIT_ROW(8, 0), SPLIT_ROW(8, 1)},
     };
@@ -800,6 +810,8 @@ T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
     int sm = G == w->cols ? SM_ROW
            : G == 32 && w->scale_dtype == G4_DT_F16 ? SM_F16
            : G == 32 && w->scale_dtype == G4_DT_BF16 ? SM_BF16
+           : G == 64 && w->scale_dtype == G4_DT_F16  ? SM_F16_64
+           : G == 64 && w->scale_dtype == G4_DT_BF16 ? SM_BF16_64
                                                       : SM_BUF;
     fns[w->bits == 8][w->type == G4_W_AFFINE][sm](a, r0, r1);
 }
