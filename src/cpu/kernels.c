@@ -191,7 +191,7 @@ void g4_xprep_token_split(const g4_mat *w, const float *xr, const g4_xprep *xp, 
         int sum = 0;
         for (int i = 0; i < 32; i++) {
             int8_t v = (int8_t)rne_small(xb[i] * id);
-            q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4] = v;
+            q[g4_xp_split_at(b, i)] = v;
             sum += v;
         }
         xp->dx[l] = amax / 127.0f;
@@ -398,7 +398,7 @@ static inline float wconv(const g4_mat *w, const uint8_t *row, int i) {
 void g4_rows_split_scalar(const g4_rows_args *a, int r0, int r1) {
     const g4_mat *w = a->w;
     const g4_xprep *xp = a->xp;
-    int off = g4_wtype_offset(w), add = g4_wtype_additive(w->type);
+    int add = g4_wtype_additive(w->type);
     for (int r = r0; r < r1; r++)
         for (int m = 0; m < a->M; m++) {
             float acc[16] = {0};
@@ -408,8 +408,7 @@ void g4_rows_split_scalar(const g4_rows_args *a, int r0, int r1) {
                 g4_wblock wb;
                 g4_wblock_get(w, r, b, &wb);
                 int P = xp->c0[f + (size_t)b];
-                for (int i = 0; i < 32; i++) P += wb.u[i] * q[512 * (b / 16) + 64 * (i / 4) + 4 * (b % 16) + i % 4];
-                (void)off;
+                for (int i = 0; i < 32; i++) P += wb.u[i] * q[g4_xp_split_at(b, i)];
                 acc[b % 16] = fmaf((float)P, wb.sw * xp->dx[f + (size_t)b], acc[b % 16]);
                 if (add) acc[b % 16] = fmaf(xp->xs[f + (size_t)b], wb.bw, acc[b % 16]);
             }

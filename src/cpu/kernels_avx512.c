@@ -898,7 +898,7 @@ T512 void g4_xprep_token_split_avx512(const g4_mat *w, const float *xr, const g4
         uint32_t d[8];
         _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(d + 4), _mm512_cvtepi32_epi8(i1));
-        int8_t *dst = q + 512 * (b / 16) + 4 * (b % 16);
+        int8_t *dst = q + g4_xp_split_at(b, 0);
         for (int s = 0; s < 8; s++) memcpy(dst + 64 * s, &d[s], 4);
         xp->dx[f + (size_t)b] = amax / 127.0f;
         xp->c0[f + (size_t)b] = -off * _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));

@@ -127,6 +127,8 @@ static inline const int8_t *g4_xp_q(const g4_xprep *xp, int m) {
     return xp->xq + (size_t)m * (xp->sg ? (size_t)xp->nsg * 512 : (size_t)xp->ngrp * 128);
 }
 static inline size_t g4_xp_f(const g4_xprep *xp, int m) { return (size_t)m * (xp->sg ? (size_t)xp->nsg * 16 : (size_t)xp->ngrp * 16); }
+/* Split layout: where element i of block b sits in a token's quantised bytes. */
+static inline size_t g4_xp_split_at(int b, int i) { return 512 * (size_t)(b / 16) + 64 * (size_t)(i / 4) + 4 * (size_t)(b % 16) + (size_t)(i % 4); }
 /* Split layout: step 1 for token m (scalar; the AVX-512 version writes the same bytes). */
 void g4_xprep_token_split(const g4_mat *w, const float *xr, const g4_xprep *xp, int m);
 void g4_xprep_token_split_avx512(const g4_mat *w, const float *xr, const g4_xprep *xp, int m);

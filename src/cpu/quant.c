@@ -430,19 +430,12 @@ size_t g4_mat_repack_size(const g4_mat *w) {
     return n;
 }
 
-/* Where code i of block b lands in the split layout of a row (quant.h): byte offset and nibble
- * shift (4 bits) within the row. */
-static void split_pos(int nb, int bits, int b, int i, size_t *at, int *shift) {
-    int g = b / 16, l = b % 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
-    size_t base = (size_t)g * 16 * (size_t)(bits * 4); /* full super-groups before: 16 blocks of 4·bits bytes */
-    if (bits == 8) {
-        *at = base + (size_t)(i / 4) * 4 * (size_t)n + 4 * (size_t)l + (size_t)(i % 4);
-        *shift = 0;
-    } else {
-        int c = i / 8, hi = (i % 8) / 4;
-        *at = base + (size_t)c * 4 * (size_t)n + 4 * (size_t)l + (size_t)(i % 4);
-        *shift = 4 * hi;
-    }
+/* Block b's four-byte slot in chunk 0 of its super-group (quant.h); chunk c is 4n bytes further
+ * per step, n = the blocks in that super-group. */
+static size_t split_slot(int nb, int bits, int b, size_t *chunk_stride) {
+    int g = b / 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+    *chunk_stride = 4 * (size_t)n;
+    return (size_t)g * 64 * (size_t)bits + 4 * (size_t)(b % 16);
 }
 
 void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
@@ -494,14 +487,12 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
                     u[2 * i + 1] = p[16 * b + i] >> 4;
                 }
             }
-            /* into the super-group layout (quant.h): chunk stride 4n, lane l */
-            int g = b / 16, l = b % 16, n = nb - 16 * g < 16 ? nb - 16 * g : 16;
-            uint8_t *base = dst + (size_t)g * 64 * (size_t)bits + 4 * (size_t)l;
+            size_t cs, at = split_slot(nb, bits, b, &cs);
             if (bits == 8) {
-                for (int c = 0; c < 8; c++) memcpy(base + (size_t)c * 4 * (size_t)n, u + 4 * c, 4);
+                for (int c = 0; c < 8; c++) memcpy(dst + at + (size_t)c * cs, u + 4 * c, 4);
             } else {
                 for (int c = 0; c < 4; c++)
-                    for (int t = 0; t < 4; t++) base[(size_t)c * 4 * (size_t)n + (size_t)t] = (uint8_t)(u[8 * c + t] | u[8 * c + 4 + t] << 4);
+                    for (int t = 0; t < 4; t++) dst[at + (size_t)c * cs + (size_t)t] = (uint8_t)(u[8 * c + t] | u[8 * c + 4 + t] << 4);
             }
         }
     }
@@ -510,11 +501,15 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
 
 void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]) {
     const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-    int nb = w->cols / 32;
-    for (int i = 0; i < 32; i++) {
-        size_t at;
-        int sh;
-        split_pos(nb, w->bits, b, i, &at, &sh);
-        u[i] = w->bits == 8 ? p[at] : (uint8_t)((p[at] >> sh) & 15);
+    size_t cs, at = split_slot(w->cols / 32, w->bits, b, &cs);
+    if (w->bits == 8) {
+        for (int c = 0; c < 8; c++) memcpy(u + 4 * c, p + at + (size_t)c * cs, 4);
+    } else {
+        for (int c = 0; c < 4; c++)
+            for (int t = 0; t < 4; t++) {
+                uint8_t v = p[at + (size_t)c * cs + (size_t)t];
+                u[8 * c + t] = v & 15;
+                u[8 * c + 4 + t] = v >> 4;
+            }
     }
 }

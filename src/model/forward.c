@@ -364,26 +364,26 @@ static void moe_experts(g4_state *s, g4_threadpool *pool, const g4_layer_weights
         for (int k = 0; k < K; k++) parts[k] = (g4_mm_part){&dv[k], s->ex_res + (size_t)k * H, H, s->ex_gu + (size_t)k * 2 * Im};
         g4_matmul_multi(pool, parts, K, NULL, 1, NULL, NULL);
         prof_mark(s, G4_PROF_MATMUL);
-        E = 0; /* done: skip the per-expert loop */
-    }
-    for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < M * K; t++)
-            if (s->top_e[t] == e) s->ex_tok[n++] = t;
-        if (!n) continue;
-        for (int i = 0; i < n; i++)
-            memcpy(s->ex_in + (size_t)i * H, s->x2 + (size_t)(s->ex_tok[i] / K) * H, sizeof(float) * H);
-        g4_mat gu = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, 2 * Im);
-        g4_mat dn = g4_mat_rows(&w->experts_down, e * H, H);
-        matmul_q(s, pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
-        for (int i = 0; i < n; i++) {
-            float *g = s->ex_gu + (size_t)i * 2 * Im;
-            gelu_mul(s, g, g + Im, (size_t)Im);
-            if (i) memmove(s->ex_gu + (size_t)i * Im, g, sizeof(float) * Im); /* pack to [n][Im] */
+    } else { /* each expert once over the tokens routed to it */
+        for (int e = 0; e < E; e++) {
+            int n = 0;
+            for (int t = 0; t < M * K; t++)
+                if (s->top_e[t] == e) s->ex_tok[n++] = t;
+            if (!n) continue;
+            for (int i = 0; i < n; i++)
+                memcpy(s->ex_in + (size_t)i * H, s->x2 + (size_t)(s->ex_tok[i] / K) * H, sizeof(float) * H);
+            g4_mat gu = g4_mat_rows(&w->experts_gate_up, e * 2 * Im, 2 * Im);
+            g4_mat dn = g4_mat_rows(&w->experts_down, e * H, H);
+            matmul_q(s, pool, &gu, s->ex_in, n, s->ex_gu, 2 * Im);
+            for (int i = 0; i < n; i++) {
+                float *g = s->ex_gu + (size_t)i * 2 * Im;
+                gelu_mul(s, g, g + Im, (size_t)Im);
+                if (i) memmove(s->ex_gu + (size_t)i * Im, g, sizeof(float) * Im); /* pack to [n][Im] */
+            }
+            matmul_q(s, pool, &dn, s->ex_gu, n, s->ex_out, H);
+            for (int i = 0; i < n; i++)
+                memcpy(s->ex_res + (size_t)s->ex_tok[i] * H, s->ex_out + (size_t)i * H, sizeof(float) * H);
         }
-        matmul_q(s, pool, &dn, s->ex_gu, n, s->ex_out, H);
-        for (int i = 0; i < n; i++)
-            memcpy(s->ex_res + (size_t)s->ex_tok[i] * H, s->ex_out + (size_t)i * H, sizeof(float) * H);
     }
     for (int m = 0; m < M; m++) {
         float *o = out + (size_t)m * H;
