@@ -20,7 +20,7 @@ ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CU_SRC   := $(sort $(wildcard src/cuda/*.cu))
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -fmad=false -Werror all-warnings \
-            -Xcompiler -Wall,-Wextra,-Werror -Iinclude -Isrc $(shell pkg-config --cflags libcjson 2>/dev/null)
+            -Xcompiler -Wall,-Wextra,-Werror -Iinclude -Isrc $(shell pkg-config --cflags libcjson 2>/dev/null) $(EXTRA_NVFLAGS)
 CFLAGS   += -DG4_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))

@@ -9,7 +9,7 @@
  *   trace        (--trace LIST) one step with per-stage timestamps under modes (g4_cuda_set_mode) and
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
- *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail;...]
+ *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
  *                  [--mode evict_first,op_local] [--no-breakdown] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,8 +118,8 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
             printf("      stage %3d %-9s span %7.1f us  work med %6.1f max %6.1f  input %5.1f  wait %5.1f  %6.2f MB %7.0f GB/s\n", i,
                    names[k], sp, md, mx, in, wt, wb[i] / 1e6, sp > 0 ? wb[i] / (sp * 1e3) : 0.0);
     }
-    printf("    trace M=1 ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end\n",
-           ev, local, skip, (double)(t_last - t_first) / 1e6);
+    printf("    trace M=1 ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end (SM clock %.2f GHz)\n",
+           ev, local, skip, (double)(t_last - t_first) / 1e6, cpn);
     printf("      %-9s %4s %9s %9s %9s %9s %9s %9s %8s\n", "kind", "n", "total ms", "span us", "work med", "work max",
            "input", "wait", "GB/s");
     for (int k = 0; k < NK; k++)
@@ -236,8 +236,8 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         snprintf(tl, sizeof tl, "%s", bo->trace);
         char *save = NULL;
         for (char *q = strtok_r(tl, ";", &save); q; q = strtok_r(NULL, ";", &save)) {
-            int ev = 1, local = 1, skip = 0, detail = 0;
-            if (sscanf(q, "%d,%d,%d,%d", &ev, &local, &skip, &detail) < 2) continue;
+            int ev = 1, local = 1, skip = 0, detail = 0, rep = 0;
+            if (sscanf(q, "%d,%d,%d,%d,%d", &ev, &local, &skip, &detail, &rep) < 2) continue;
             if (!bo->breakdown) { /* decode speed under this mode too */
                 double secs = 0;
                 g4_error e2 = {0};
@@ -249,7 +249,10 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
                     printf("    mode evict_first=%d op_local=%d: decode ctx 128 %.1f tok/s\n", ev, local, n_tok / secs);
                 g4_cuda_set_mode(s->cuda, bo->evict_first, bo->op_local);
             }
+            g4_cuda_set_rep(s->cuda, rep);
+            if (rep) printf("    (every stage run %d times, the last timed: warm code and small data)\n", rep + 1);
             trace_table(s, prompt, ev, local, skip, detail, bo->evict_first, bo->op_local);
+            g4_cuda_set_rep(s->cuda, 0);
         }
     }
     /* verify blocks and the breakdown at context 128 */

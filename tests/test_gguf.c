@@ -629,6 +629,7 @@ static void test_open_file(void **state) {
     assert_non_null(strstr(err.message, "missing.gguf"));
     assert_int_equal(g4_gguf_open(dir, &g, &err), G4_ERR_IO);
     free(w.d);
+    test_rmdir(dir);
 }
 
 int main(void) {

@@ -48,4 +48,11 @@ static inline const char *test_tmpdir(char *buf, size_t n, const char *name) {
     if (system(cmd) != 0) fail_msg("cannot create %s", buf);
     return buf;
 }
+
+/* Removes a directory made by test_tmpdir once its test is done with it. */
+static inline void test_rmdir(const char *dir) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.1000s'", dir);
+    if (system(cmd) != 0) fail_msg("cannot remove %s", dir);
+}
 #endif

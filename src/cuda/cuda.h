@@ -80,6 +80,9 @@ g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsig
                         double *wbytes, g4_error *err);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);
+/* Benchmark instrumentation: run every stage of a launch rep+1 times back to back (the trace times
+ * the last run: its code and small data are warm). Results are meaningless while rep > 0. */
+void g4_cuda_set_rep(g4_cuda *c, int rep);
 /* Tuning for benchmarks: items per row team prefetched into L2 ahead of the next matmul stage
  * (0: none; default 1), prefetch of each team's next item within a stage (default 1), and the
  * most 16-byte chunks a lane streams per row before rows are split over more warps (default 8;

@@ -20,7 +20,20 @@
 #include "cuda/internal.h"
 
 #define DEV static __device__ __forceinline__
+#define DEVR static __device__ __noinline__ /* rare paths: out of line */
+/* The stage functions: inlined into the kernel (default: no calls, so no callee-saved registers
+ * stored to and reloaded from local memory around every stage, whose reloads went to L2 because
+ * shared memory leaves L1 little room), or out of line with G4C_INLINE_ALL=0. */
+#ifndef G4C_INLINE_ALL
+#define G4C_INLINE_ALL 1
+#endif
+#if G4C_INLINE_ALL
+#define DEVN static __device__ __forceinline__
+#define DEVT __device__ __forceinline__
+#else
 #define DEVN static __device__ __noinline__
+#define DEVT __device__ __noinline__
+#endif
 
 /* ---- loads ----------------------------------------------------------------------------------- */
 
@@ -68,7 +81,7 @@ DEV float q_param(const char *row, int off, int stype, int g) {
 
 /* element (r, c) of a matrix as float (embedding gathers); out of line: code size is time here
  * (every stage's code is fetched again from L2 when the instruction cache has moved on) */
-DEVN float mat_at(const g4c_mat &m, long long r, int c) {
+DEVR float mat_at(const g4c_mat &m, long long r, int c) {
     const char *row = (const char *)m.data + r * m.row_bytes;
     if (m.type == G4C_F32) return __ldg((const float *)row + c);
     if (m.type == G4C_F16 || m.type == G4C_BF16) {
@@ -116,6 +129,11 @@ DEV double block_sum_d(double v, double *red) {
     double s = 0;
     for (int w = 0; w < G4C_WARPS; w++) s += red[w];
     return s;
+}
+
+/* sum of squares of a float4 in double, in a fixed order */
+DEV double sq4(const float4 &a) {
+    return ((double)a.x * a.x + (double)a.y * a.y) + ((double)a.z * a.z + (double)a.w * a.w);
 }
 
 DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / n + (double)eps)); }
@@ -187,7 +205,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    constexpr int U = T == G4C_Q4 ? 2 : 4;
+    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? 4 : 8) : (T == G4C_Q4 ? 2 : 4);
     const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
     const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
@@ -328,14 +346,16 @@ DEV tail_t tail_of(float *sm, const g4c_params &p) {
 /* ---- the input tile ------------------------------------------------------------------------------ */
 
 /* Rows t0 .. t0+mt-1 of the stage's input into sm[m * K ...], transformed as the stage asks. Every
- * block computes the same values; block 0 also writes the ones the rest of the program needs. */
+ * block computes the same values; block 0 also writes the ones the rest of the program needs.
+ * Thread tid owns the float4s tid + k·G4C_THREADS of a row in registers (K a multiple of 4, at most
+ * G4C_THREADS·G4C_IN_NPT): every global load of a row (x, the residual addend, both norm weights) is
+ * issued before any is used, so a row costs one memory round trip and two block reductions; the
+ * arithmetic per element is the same for any M. */
 DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
                      const g4c_params &p) {
-    const g4c_in in = *inp;
+    const g4c_in &in = *inp;
     const int tid = threadIdx.x;
     const bool writer = blockIdx.x == 0;
-    /* every loop below touches element i from the same thread (i = tid + k·blockDim), so the only
-     * cross-thread steps are the block reductions */
     for (int m = 0; m < mt; m++) {
         const int tm = t0 + m;
         float *v = sm + (size_t)m * G4C_TILE_LD(K);
@@ -350,45 +370,81 @@ DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *
             continue;
         }
         const float *x = in.x + (size_t)tm * in.ldx;
+        if (in.kind != G4C_IN_NORM) { /* plain rows: float4s, 4 independent loads per thread in flight */
+            const int K4 = K / 4;
 #pragma unroll 1
-        for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = lda(x + i);
-        if (in.kind != G4C_IN_NORM) continue;
-        if (in.t) { /* residual: v += rms_w(t_w)(t) */
-            const float *t = in.t + (size_t)tm * K;
-            double ss = 0;
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) {
-                double a = lda(t + i);
-                ss += a * a;
+            for (int c0 = tid; c0 < K4; c0 += 4 * G4C_THREADS) {
+                float4 a[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (c0 + u * G4C_THREADS < K4) a[u] = lda4(x + 4 * (c0 + u * G4C_THREADS));
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (c0 + u * G4C_THREADS < K4) *reinterpret_cast<float4 *>(v + px(4 * (c0 + u * G4C_THREADS))) = a[u];
             }
-            float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] + lda(t + i) * inv * ldv(in.t_w + i);
+            continue;
         }
-        if (in.has_scalar)
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * in.scalar;
-        if (writer && in.x_out)
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) in.x_out[(size_t)tm * K + i] = v[px(i)];
-        if (writer && in.dbg)
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) in.dbg[(size_t)tm * K + i] = v[px(i)];
+        const float *t = in.t ? in.t + (size_t)tm * K : NULL;
+        constexpr int N4 = G4C_IN_NPT / 4;
+        const int K4 = K / 4;
+        const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 xv[N4], tv[N4], tw[N4], nw[N4];
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            const bool ok = c < K4;
+            xv[k] = ok ? lda4(x + 4 * c) : z4;
+            tv[k] = ok && t ? lda4(t + 4 * c) : z4;
+            tw[k] = ok && t ? __ldg(reinterpret_cast<const float4 *>(in.t_w) + c) : z4;
+            nw[k] = ok && in.norm != G4C_NORM_NONE ? __ldg(reinterpret_cast<const float4 *>(in.norm_w) + c) : z4;
+        }
+        if (t) { /* residual: v += rms_w(t_w)(t) */
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < N4; k++) ss += sq4(tv[k]);
+            const float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                xv[k].x = xv[k].x + tv[k].x * inv * tw[k].x;
+                xv[k].y = xv[k].y + tv[k].y * inv * tw[k].y;
+                xv[k].z = xv[k].z + tv[k].z * inv * tw[k].z;
+                xv[k].w = xv[k].w + tv[k].w * inv * tw[k].w;
+            }
+        }
+        if (in.has_scalar) {
+            const float sc = in.scalar;
+#pragma unroll
+            for (int k = 0; k < N4; k++) xv[k] = make_float4(xv[k].x * sc, xv[k].y * sc, xv[k].z * sc, xv[k].w * sc);
+        }
+        if (writer && (in.x_out || in.dbg))
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                if (c >= K4) continue;
+                if (in.x_out) reinterpret_cast<float4 *>(in.x_out + (size_t)tm * K)[c] = xv[k];
+                if (in.dbg) reinterpret_cast<float4 *>(in.dbg + (size_t)tm * K)[c] = xv[k];
+            }
         if (in.norm != G4C_NORM_NONE) {
             double ss = 0;
-#pragma unroll 1
-            for (int i = tid; i < K; i += G4C_THREADS) ss += (double)v[px(i)] * v[px(i)];
-            float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
-            if (in.norm == G4C_NORM_RMS)
-#pragma unroll 1
-                for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * inv * ldv(in.norm_w + i);
-            else
-#pragma unroll 1
-                for (int i = tid; i < K; i += G4C_THREADS) v[px(i)] = v[px(i)] * inv * in.norm_scale * ldv(in.norm_w + i);
+#pragma unroll
+            for (int k = 0; k < N4; k++) ss += sq4(xv[k]);
+            const float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+            const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
+#pragma unroll
+            for (int k = 0; k < N4; k++) /* router: v·inv·H^-1/2·w; rms: v·inv·1·w (the 1 is exact) */
+                xv[k] = make_float4(xv[k].x * inv * f * nw[k].x, xv[k].y * inv * f * nw[k].y, xv[k].z * inv * f * nw[k].z,
+                                    xv[k].w * inv * f * nw[k].w);
             if (writer && in.normed_out)
-#pragma unroll 1
-                for (int i = tid; i < K; i += G4C_THREADS)
-                    in.normed_out[(size_t)tm * K + (size_t)step * in.normed_step + i] = v[px(i)];
+#pragma unroll
+                for (int k = 0; k < N4; k++) {
+                    const int c = tid + k * G4C_THREADS;
+                    if (c < K4) reinterpret_cast<float4 *>(in.normed_out + (size_t)tm * K + (size_t)step * in.normed_step)[c] = xv[k];
+                }
+        }
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            if (c < K4) *reinterpret_cast<float4 *>(v + px(4 * c)) = xv[k];
         }
     }
     __syncthreads();
@@ -488,10 +544,12 @@ DEV mm_shape mm_shape_of(const g4c_op *op, const g4c_params &p) {
     if (sh.pair) {
         if (sh.nparts) sh.total = sh.items[0] = op->part[0].w.rows;
     } else {
-        for (int i = 0; i < sh.nparts; i++) {
-            sh.items[i] = (op->part[i].w.rows + 1) / 2;
-            sh.total += sh.items[i];
-        }
+#pragma unroll
+        for (int i = 0; i < G4C_MAXPART; i++) /* constant indices: the shape stays in registers */
+            if (i < sh.nparts) {
+                sh.items[i] = (op->part[i].w.rows + 1) / 2;
+                sh.total += sh.items[i];
+            }
     }
     return sh;
 }
@@ -499,10 +557,12 @@ DEV mm_shape mm_shape_of(const g4c_op *op, const g4c_params &p) {
 /* the rows of item it: part index, first row, whether a second row exists, row pointers */
 DEV int mm_item(const g4c_op *op, const mm_shape &sh, int it, int *r0, int *has1, const char **w0, const char **w1) {
     int pi = 0, li = it;
-    while (li >= sh.items[pi]) {
-        li -= sh.items[pi];
-        pi++;
-    }
+#pragma unroll
+    for (int q = 0; q + 1 < G4C_MAXPART; q++) /* constant indices: the shape stays in registers */
+        if (pi == q && li >= sh.items[q]) {
+            li -= sh.items[q];
+            pi = q + 1;
+        }
     const g4c_mat &w = op->part[pi].w;
     if (sh.pair) {
         *r0 = li;
@@ -518,7 +578,7 @@ DEV int mm_item(const g4c_op *op, const mm_shape &sh, int it, int *r0, int *has1
     return pi;
 }
 
-DEVN void mm_prefetch_item(const g4c_op *op, const mm_shape &sh, int it) {
+DEVR void mm_prefetch_item(const g4c_op *op, const mm_shape sh, int it) {
     int r0, has1, pi;
     const char *w0, *w1;
     pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
@@ -546,7 +606,7 @@ DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp)
  * its accumulators in registers; the token count only decides how many accumulators exist, each
  * sees the same operations. */
 template <int T, int MTT>
-__device__ __noinline__ void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
+DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
     const tail_t tl = tail_of(sm, p);
     const mm_shape sh = mm_shape_of(op, p);
     const int pair = sh.pair, epi = op->epi, total = sh.total, S = op->split;
@@ -662,49 +722,75 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     if (amax) finish_argmax(p, m_begin, M, amax, step, 0, tl.flag);
 }
 
-/* One warp: y = rms_w(w)(x) over d (w NULL: weightless), then RoPE at pos when rope. x may be y. */
-DEVN void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, float theta, int pos,
-                        float eps, float *buf) {
-    const int lane = threadIdx.x & 31;
-    float r[G4C_MAXD / 32];
+/* (cos, sin) of pos · inv[i] when the session has no table for this kind (out of line: rare) */
+DEVR float2 rope_angle(const double *inv_f, int i, int pos) {
+    const double ang = (double)pos * __ldg(inv_f + i);
+    return make_float2((float)cos(ang), (float)sin(ang));
+}
+
+/* One warp: y = rms_w(w)(x) over d (w NULL: weightless), then RoPE at pos when rope, with (cos, sin)
+ * from the session's table cs[pos][i] (or computed from inv_f). x may be y. Every global load is
+ * issued before the first is used, and the code is short: a stage that runs once per layer pays for
+ * fetching its instructions. */
+DEVN void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, const double *inv_f,
+                         const float *cs, int pos, float eps, float *buf) {
+    const int lane = threadIdx.x & 31, half = d / 2, d4 = d / 4;
+    constexpr int N4 = G4C_MAXD / 128, NP = G4C_MAXD / 64;
+    float4 r[N4], wv[N4];
+    float2 cv[NP];
 #pragma unroll
-    for (int k = 0; k < G4C_MAXD / 32; k++) r[k] = lane + 32 * k < d ? lda(x + lane + 32 * k) : 0.0f;
+    for (int k = 0; k < N4; k++) {
+        const int c = lane + 32 * k;
+        r[k] = c < d4 ? lda4(x + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wv[k] = w && c < d4 ? __ldg(reinterpret_cast<const float4 *>(w) + c) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        const int i = lane + 32 * k;
+        cv[k] = rope && cs && i < R && i < half ? __ldg(reinterpret_cast<const float2 *>(cs) + (size_t)pos * R + i)
+                                                : make_float2(1.0f, 0.0f);
+    }
     double ss = 0;
 #pragma unroll
-    for (int k = 0; k < G4C_MAXD / 32; k++)
-        if (lane + 32 * k < d) {
-            buf[lane + 32 * k] = r[k];
-            ss += (double)r[k] * r[k];
-        }
-    float inv = rms_inv(warp_sum_d(ss), d, eps);
-#pragma unroll 1
-    for (int i = lane; i < d; i += 32) buf[i] = w ? buf[i] * inv * ldv(w + i) : buf[i] * inv;
+    for (int k = 0; k < N4; k++)
+        ss += sq4(r[k]);
+    const float inv = rms_inv(warp_sum_d(ss), d, eps);
+#pragma unroll
+    for (int k = 0; k < N4; k++) {
+        const int c = lane + 32 * k;
+        if (c < d4)
+            reinterpret_cast<float4 *>(buf)[c] =
+                make_float4(r[k].x * inv * wv[k].x, r[k].y * inv * wv[k].y, r[k].z * inv * wv[k].z, r[k].w * inv * wv[k].w);
+    }
     __syncwarp();
-    const int half = d / 2;
     if (rope) {
-#pragma unroll 1
-        for (int i = lane; i < half; i += 32) {
-            float a = buf[i], b = buf[i + half];
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            const int i = lane + 32 * k;
+            if (i >= half) continue;
+            const float a = buf[i], b = buf[i + half];
             if (i < R) {
-                double ang = (double)pos * pow((double)theta, -2.0 * i / d);
-                float c = (float)cos(ang), s = (float)sin(ang);
-                y[i] = a * c - b * s;
-                y[i + half] = b * c + a * s;
+                const float2 t = cs ? cv[k] : rope_angle(inv_f, i, pos);
+                y[i] = a * t.x - b * t.y;
+                y[i + half] = b * t.x + a * t.y;
             } else {
                 y[i] = a;
                 y[i + half] = b;
             }
         }
     } else {
-#pragma unroll 1
-        for (int i = lane; i < d; i += 32) y[i] = buf[i];
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = lane + 32 * k;
+            if (c < d4) reinterpret_cast<float4 *>(y)[c] = reinterpret_cast<const float4 *>(buf)[c];
+        }
     }
     __syncwarp();
 }
 
 DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, own = op->qkv_own;
-    const int Mq = op->drafter ? 1 : p.M, per = nH + (own ? nkv : 0), row = nkv * d;
+    const int Mq = op->drafter ? 1 : p.M, per = nH + (own ? 2 * nkv : 0), row = nkv * d;
     const int warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
     float *buf = sm + warp * G4C_MAXD;
@@ -713,10 +799,10 @@ DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         const int m = it / per, j = it % per, pq = op->drafter ? p.qpos : pos0 + m;
         if (j < nH) {
             float *q = op->q + (size_t)m * nH * d + (size_t)j * d;
-            warp_norm_rope(q, q, op->q_norm, d, 1, op->pairs, op->theta, pq, p.eps, buf);
+            warp_norm_rope(q, q, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
             continue;
         }
-        const int h = j - nH;
+        const int h = (j - nH) % nkv, is_v = j - nH >= nkv;
         const float *kr = op->kraw + (size_t)m * row + (size_t)h * d;
         const float *vr = op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)h * d;
         float *kd, *vd;
@@ -728,8 +814,8 @@ DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
             kd = op->kst + (size_t)m * row + (size_t)h * d;
             vd = op->vst + (size_t)m * row + (size_t)h * d;
         }
-        warp_norm_rope(vr, vd, NULL, d, 0, 0, 0.0f, 0, p.eps, buf); /* v: the raw k on K=V layers */
-        warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->theta, pq, p.eps, buf);
+        if (is_v) warp_norm_rope(vr, vd, NULL, d, 0, 0, NULL, NULL, 0, p.eps, buf); /* v: the raw k on K=V layers */
+        else warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
     }
 }
 
@@ -748,7 +834,7 @@ DEV const float *kv_row(const float *stage, const float *cache, int cap, int sta
 /* GB: a compile-time bound on the query heads per KV head (only the instance in use occupies the
  * instruction cache); each head's arithmetic is the same in every instance */
 template <int GB>
-__device__ __noinline__ void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+DEVT void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int Mq = op->drafter ? 1 : p.M;
     const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
@@ -760,6 +846,7 @@ __device__ __noinline__ void attn_t(const g4c_op *op, const g4c_params &p, int p
         total += nkv * nch;
     }
     float *qs = sm, *sc = sm + group * d, *smx = sc + group * G4C_KCHUNK, *ssum = smx + G4C_MAXGROUP;
+    float *ks = ssum + G4C_MAXGROUP; /* the chunk's K rows [n][d], then its V rows [n][d] */
 #pragma unroll 1
     for (int it = blockIdx.x; it < total; it += gridDim.x) {
         int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
@@ -772,19 +859,46 @@ __device__ __noinline__ void attn_t(const g4c_op *op, const g4c_params &p, int p
         const int g = rest / nch, ci = rest % nch, c = cf + ci;
         const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
         const float *qsrc = op->q + (size_t)m * nH * d + (size_t)g * group * d;
+        float *vsm = ks + (size_t)n * d;
+        /* the group's queries and the chunk's K and V rows into shared memory, every load issued
+         * before the first is used; thread tid owns one float4 column of rows tid / d4 + k·(T / d4) */
+        {
+            const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+            const size_t off = (size_t)g * d + 4 * c4;
 #pragma unroll 4
-        for (int i = tid; i < group * d / 4; i += G4C_THREADS) reinterpret_cast<float4 *>(qs)[i] = lda4(qsrc + 4 * i);
+            for (int i = tid; i < group * d4; i += G4C_THREADS) reinterpret_cast<float4 *>(qs)[i] = lda4(qsrc + 4 * i);
+#pragma unroll 1
+            for (int jb = j0 < rpp ? j0 : n; jb < n; jb += 4 * rpp) {
+                float4 kx[4], vx[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int j = jb + u * rpp;
+                    if (j < n) {
+                        kx[u] = lda4(kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
+                        vx[u] = lda4(kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int j = jb + u * rpp;
+                    if (j < n) {
+                        reinterpret_cast<float4 *>(ks)[(size_t)j * d4 + c4] = kx[u];
+                        reinterpret_cast<float4 *>(vsm)[(size_t)j * d4 + c4] = vx[u];
+                    }
+                }
+            }
+        }
         __syncthreads();
         /* scores: a warp per key, lanes over float4 chunks of the head, then the butterfly */
 #pragma unroll 1
         for (int j = warp; j < n; j += G4C_WARPS) {
-            const float *kr = kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + (size_t)g * d;
+            const float *kr = ks + (size_t)j * d;
             float a[GB];
 #pragma unroll
             for (int hh = 0; hh < GB; hh++) a[hh] = 0.0f;
 #pragma unroll 1
             for (int c4 = lane; c4 < d / 4; c4 += 32) {
-                float4 kv = lda4(kr + 4 * c4);
+                float4 kv = *reinterpret_cast<const float4 *>(kr + 4 * c4);
 #pragma unroll
                 for (int hh = 0; hh < GB; hh++) {
                     if (hh < group) {
@@ -832,20 +946,11 @@ __device__ __noinline__ void attn_t(const g4c_op *op, const g4c_params &p, int p
 #pragma unroll
             for (int hh = 0; hh < GB; hh++) o[hh] = 0.0f;
 #pragma unroll 1
-            for (int j0 = 0; j0 < n; j0 += 8) { /* 8 loads in flight, then the adds in key order */
-                float vv[8];
+            for (int j = 0; j < n; j++) { /* the adds in key order */
+                const float vv = vsm[(size_t)j * d + e];
 #pragma unroll
-                for (int u = 0; u < 8; u++)
-                    vv[u] = j0 + u < n ? lda(kv_row(op->vst, op->vc, cap, stage_from, k0 + j0 + u, row) + (size_t)g * d + e)
-                                       : 0.0f;
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    if (j0 + u < n) {
-#pragma unroll
-                        for (int hh = 0; hh < GB; hh++)
-                            if (hh < group) o[hh] = fmaf(sc[hh * G4C_KCHUNK + j0 + u], vv[u], o[hh]);
-                    }
-                }
+                for (int hh = 0; hh < GB; hh++)
+                    if (hh < group) o[hh] = fmaf(sc[hh * G4C_KCHUNK + j], vv, o[hh]);
             }
 #pragma unroll
             for (int hh = 0; hh < GB; hh++) {
@@ -959,7 +1064,7 @@ DEVN void op_ple(const g4c_op *op, const g4c_params &p) {
 }
 
 /* MoE router (a thread per token: E and top-k are small) and the experts' input x2 */
-DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
+DEVR void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int E = op->E, K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
 #pragma unroll 1
@@ -1007,7 +1112,7 @@ DEVN void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* The top-k experts of every token: gate/up pairs over x2 (ex_pair) or down over their output. */
 template <int T>
-__device__ __noinline__ void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int evict_first) {
+DEVT void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int evict_first) {
     const unsigned long long pol = l2_policy(evict_first);
     const int K = op->topk, Im = op->Im, H = op->H, pair = op->ex_pair;
     const int rpt = pair ? 1 : K, kin = pair ? H : Im;
@@ -1070,7 +1175,7 @@ DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
 }
 
 /* f = rms_w(post1)(dense) + rms_w(post2)(sum_k w_k expert_k), the sum in rank order */
-DEVN void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
+DEVR void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
     float *dn = sm, *o = sm + H;
@@ -1103,7 +1208,7 @@ DEVN void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
 }
 
 /* drafter centroid head, step 1: the top-k clusters (block 0; lower index on ties) */
-DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
+DEVR void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
     if (blockIdx.x != 0) return;
     const tail_t tl = tail_of(sm, p);
     const int C = op->C, K = op->topk, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1152,7 +1257,7 @@ DEVN void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
 }
 
 /* one token, any weight type (the drafter's centroid head: off the decode path) */
-DEVN void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, const float *x, int ldx, float (&acc)[2][G4C_MT]) {
+DEVR void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, const float *x, int ldx, float (&acc)[2][G4C_MT]) {
     const unsigned long long pol = l2_policy(0); /* the drafter's embedding rows: gathered, may repeat */
     switch (w.type) {
     case G4C_BF16: dot2<G4C_BF16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
@@ -1164,7 +1269,7 @@ DEVN void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, cons
 }
 
 /* step 2: score the chosen clusters' tokens against y; min and argmax over them */
-DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+DEVR void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int h = op->emb_d.cols, per = op->per, n = op->topk * per, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
@@ -1217,7 +1322,7 @@ DEVN void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *
 }
 
 /* step 3 (only when the logits are wanted): every unscored token gets min - 1 */
-DEVN void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
+DEVR void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
     if (!p.want_logits) return;
     const float fill = lda(&p.ctl->dmin) - 1.0f;
     float *logits = op->logits + (size_t)step * op->V;
@@ -1250,13 +1355,16 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
         for (int s = 0; s < p.n_ops; s++, k++) {
             const g4c_op *op = local ? tl.ops + (k & 1) : p.ops + s;
             long long c0 = 0;
-            if (tr) {
-                trace[0] = global_ns();
-                c0 = clock64();
-                tl.flag[2] = 0;
-            }
             if (op->kind != G4C_OP_MATMUL && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, -1);
-            if (!(p.skip & op->cls)) {
+#pragma unroll 1
+            for (int r = 0; r <= p.rep; r++) {
+                if (r) __syncthreads();
+                if (tr) {
+                    trace[0] = global_ns();
+                    c0 = clock64();
+                    tl.flag[2] = 0;
+                }
+                if (p.skip & op->cls) continue;
                 switch (op->kind) {
                 case G4C_OP_EMBED: op_embed(op, p); break;
                 case G4C_OP_MATMUL: op_matmul(op, p, step, sm); break;
@@ -1335,6 +1443,22 @@ cudaError_t g4c_commit(const g4c_kvlayer *layers, int n_layers, int max_row, int
     if (n <= 0 || n_layers <= 0) return cudaSuccess;
     int threads = max_row < 512 ? ((max_row + 31) / 32) * 32 : 512;
     g4c_commit_kernel<<<n_layers * n, threads, 0, stream>>>(layers, n_layers, stage_pos, n);
+    return cudaGetLastError();
+}
+
+/* ---- RoPE tables ------------------------------------------------------------------------------- */
+
+__global__ void g4c_rope_fill_kernel(const double *inv, int pairs, int n_ctx, float *out) {
+    const size_t total = (size_t)n_ctx * pairs, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        const double ang = (double)(idx / pairs) * inv[idx % pairs];
+        out[2 * idx] = (float)cos(ang);
+        out[2 * idx + 1] = (float)sin(ang);
+    }
+}
+
+cudaError_t g4c_rope_fill(const double *inv, int pairs, int n_ctx, float *out, cudaStream_t stream) {
+    g4c_rope_fill_kernel<<<264, 256, 0, stream>>>(inv, pairs, n_ctx, out);
     return cudaGetLastError();
 }
 

@@ -19,5 +19,7 @@ cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStr
 cudaError_t g4c_commit(const g4c_kvlayer *layers, int n_layers, int max_row, int stage_pos, int n,
                        cudaStream_t stream);
 /* Device-to-device streaming read of n floats (bandwidth probe); sink receives a checksum. */
+/* out[pos][i] = (cos, sin)(pos · inv[i]) in double, rounded to float, for pos < n_ctx, i < pairs */
+cudaError_t g4c_rope_fill(const double *inv, int pairs, int n_ctx, float *out, cudaStream_t stream);
 cudaError_t g4c_read_probe(const float4 *src, size_t n4, float *sink, int grid, cudaStream_t stream);
 #endif

@@ -18,8 +18,14 @@
 #define G4_CUDA_PROGRAM_H
 #include <stdint.h>
 
+/* 256 threads: each thread may hold 255 registers, so the stage code (inlined into the kernel, see
+ * G4C_INLINE_ALL in forward.cu) keeps its loads in flight without spilling; measured on the H200:
+ * E2B bf16 decode 208 tok/s vs 132-140 with 512 threads (out-of-line or inlined stages) */
+#ifndef G4C_NTHREADS
+#define G4C_NTHREADS 256
+#endif
 enum {
-    G4C_THREADS = 512,   /* threads per block (16 warps); one block per SM */
+    G4C_THREADS = G4C_NTHREADS, /* threads per block; one block per SM */
     G4C_WARPS = G4C_THREADS / 32,
     G4C_MT = 8,          /* tokens per matmul tile (register accumulators per warp) */
     G4C_KCHUNK = 32,     /* attention keys per work item */
@@ -27,6 +33,7 @@ enum {
     G4C_MAXGROUP = 16,   /* query heads per KV head */
     G4C_MAXD = 512,      /* head dim */
     G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
+    G4C_IN_NPT = 6144 / G4C_THREADS, /* normed input rows: elements per thread (K <= 6144) */
 };
 
 /* weight element types on the device. Dense rows are the checkpoint's; quantised rows are
@@ -140,6 +147,8 @@ typedef struct g4c_op {
     int n_heads, n_kv, d, is_full, window, pairs, qkv_own, k_eq_v, cap_rows;
     int drafter;          /* query position is params.qpos; every key comes from the cache */
     float theta;
+    const double *rope_inv; /* [d / 2] theta^(-2i/d), computed by the host as the CPU does */
+    const float *rope_cs;   /* [n_ctx][pairs][2] cos, sin of pos·rope_inv[i]; NULL: computed in place */
     float *q;             /* [m][n_heads * d] */
     const float *kraw, *vraw;  /* [m][n_kv * d] */
     const float *q_norm, *k_norm;
@@ -199,6 +208,7 @@ typedef struct g4c_params {
     int chain;            /* decode chain: tokens[0] = next[0], pos += 1, hist[hist_n++] = token */
     int *hist;
     int skip;             /* G4C_CLS_* mask of op classes to skip (timing breakdown) */
+    int rep;              /* instrumentation: every stage runs rep+1 times (g4_cuda_set_rep) */
     g4c_ctl *ctl;
     float *amax_part;     /* [grid][G4C_MAXB] value */
     int *amax_idx;        /* [grid][G4C_MAXB] index */

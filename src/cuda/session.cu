@@ -67,12 +67,14 @@ typedef struct {
     g4c_mat wq, wk, wv, wo, gate, up, down, router, ex_gu, ex_down, ple_gate, ple_proj;
     const float *attn_norm, *post_attn, *pre_ffn, *post_ffn, *q_norm, *k_norm, *router_scale, *expert_scale,
         *pre2, *post1, *post2, *post_ple;
+    const double *rope_inv;
     float layer_scalar;
 } dev_layer;
 
 typedef struct {
     g4c_mat wq, wo, gate, up, down;
     const float *attn_norm, *post_attn, *pre_ffn, *post_ffn, *q_norm;
+    const double *rope_inv;
     float layer_scalar;
 } dev_dlayer;
 
@@ -83,7 +85,7 @@ typedef struct {
 
 struct g4_cuda {
     const g4_model *m;
-    int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row;
+    int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row, rep;
     int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
     int evict_first, op_local;           /* g4_cuda_set_mode */
     int smem_need;                       /* floats of the widest input tile row */
@@ -100,6 +102,8 @@ struct g4_cuda {
     float *router, *top_w, *x2, *exh, *exo;
     int *top_e;
     std::vector<dev_kv> kv;
+    std::vector<float *> rope_cs;        /* per layer: [n_ctx][pairs][2] cos, sin, shared by equal kinds */
+    std::vector<int> rope_src;           /* per layer: the first layer with the same RoPE kind */
     g4c_kvlayer *d_kvl;
     int n_kvl;
     /* weights */
@@ -126,6 +130,13 @@ static g4_status upload(bump *b, const void *host, size_t bytes, const void **de
     *dev = d;
     if (!b->dry && bytes) CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "uploading weights");
     return G4_OK;
+}
+
+/* RoPE inverse frequencies theta^(-2i/d), i < d/2, computed here exactly as the CPU forward does */
+static g4_status up_rope(bump *b, int d, float theta, const double **out, g4_error *err) {
+    std::vector<double> inv((size_t)(d / 2 > 0 ? d / 2 : 1));
+    for (int i = 0; i < d / 2; i++) inv[(size_t)i] = pow((double)theta, -2.0 * i / d);
+    return upload(b, inv.data(), sizeof(double) * inv.size(), (const void **)out, err);
 }
 
 static g4_status up_vec(bump *b, const float *v, int n, const float **out, g4_error *err) {
@@ -289,7 +300,8 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
         int d = lc->head_dim;
         if ((st = up_vec(b, w->attn_norm, H, &o->attn_norm, err)) || (st = up_vec(b, w->post_attn_norm, H, &o->post_attn, err)) ||
             (st = up_vec(b, w->pre_ffn_norm, H, &o->pre_ffn, err)) || (st = up_vec(b, w->post_ffn_norm, H, &o->post_ffn, err)) ||
-            (st = up_vec(b, w->q_norm, d, &o->q_norm, err)) || (own && (st = up_vec(b, w->k_norm, d, &o->k_norm, err))))
+            (st = up_vec(b, w->q_norm, d, &o->q_norm, err)) || (own && (st = up_vec(b, w->k_norm, d, &o->k_norm, err))) ||
+            (st = up_rope(b, d, lc->rope_theta, &o->rope_inv, err)))
             return st;
         if (cf->moe && ((st = up_vec(b, w->router_scale, H, &o->router_scale, err)) ||
                         (st = up_vec(b, w->expert_scale, cf->n_experts, &o->expert_scale, err)) ||
@@ -362,6 +374,20 @@ static void layout_scratch(g4_cuda *c, bump *b) {
         c->max_row = k->row > c->max_row ? k->row : c->max_row;
     }
     c->d_kvl = TAKE(b, g4c_kvlayer, L);
+    /* RoPE tables, one per kind (head dim, theta, rotated pairs), filled by g4c_rope_fill */
+    c->rope_cs.assign((size_t)L, NULL);
+    c->rope_src.assign((size_t)L, 0);
+    for (int i = 0; i < L; i++) {
+        const g4_layer_config *l = &cf->layers[i];
+        int src = i;
+        for (int j = 0; j < i && src == i; j++) {
+            const g4_layer_config *o = &cf->layers[j];
+            if (o->head_dim == l->head_dim && o->rope_theta == l->rope_theta && o->rope_pairs == l->rope_pairs) src = j;
+        }
+        c->rope_src[(size_t)i] = src;
+        c->rope_cs[(size_t)i] = src == i ? TAKE(b, float, (size_t)c->n_ctx * 2 * (l->rope_pairs > 0 ? l->rope_pairs : 1))
+                                         : c->rope_cs[(size_t)src];
+    }
 }
 
 /* ---- the target's stage list ------------------------------------------------------------------- */
@@ -492,6 +518,8 @@ static void build_target(g4_cuda *c) {
         hd.d = d;
         hd.pairs = lc->rope_pairs;
         hd.theta = lc->rope_theta;
+        hd.rope_inv = w->rope_inv;
+        hd.rope_cs = c->rope_cs[(size_t)l];
         hd.qkv_own = own;
         hd.k_eq_v = lc->k_eq_v;
         hd.q = c->q;
@@ -637,7 +665,7 @@ static int split_of(const g4c_op &o, int split_chunks) {
         if (!w.data) continue;
         const int nch = w.cols / G4C_CHUNK_ELEMS(w.type);
         int s = 1;
-        while (s < 16 && nch > 32 * s * split_chunks) s *= 2;
+        while (s < G4C_WARPS && nch > 32 * s * split_chunks) s *= 2;
         S = s > S ? s : S;
     }
     return S;
@@ -716,6 +744,11 @@ static g4_status alloc_scratch(g4_cuda *c, g4_error *err) {
     c->n_kvl = (int)kvl.size();
     if (c->n_kvl)
         CK(cudaMemcpy(c->d_kvl, kvl.data(), sizeof(g4c_kvlayer) * kvl.size(), cudaMemcpyHostToDevice), "uploading the cache table");
+    for (size_t i = 0; i < c->rope_cs.size(); i++)
+        if (c->rope_src[i] == (int)i && c->m->cfg.layers[i].rope_pairs > 0)
+            CK(g4c_rope_fill(c->lw[i].rope_inv, c->m->cfg.layers[i].rope_pairs, c->n_ctx, c->rope_cs[i], c->stream),
+               "filling the RoPE table");
+    CK(cudaStreamSynchronize(c->stream), "filling the RoPE table");
     return G4_OK;
 }
 
@@ -732,6 +765,12 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
             return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: layer %d's heads (d %d, %d query / %d KV) are not supported",
                            i, l->head_dim, cf->n_heads, l->n_kv_heads);
     }
+    for (int i = 0; i < cf->n_layers; i++)
+        if (cf->layers[i].mlp_width % 4)
+            return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: layer %d's MLP width %d is not a multiple of 4", i,
+                           cf->layers[i].mlp_width);
+    if (cf->hidden % 4 || cf->ple_width % 4 || (cf->moe && cf->moe_width % 4))
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: hidden, PLE and expert widths must be multiples of 4");
     if (cf->ple_width > 512 || (cf->moe && cf->top_k_experts > 64))
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: PLE width or top-k experts too large");
     g4_cuda *c = new (std::nothrow) g4_cuda();
@@ -760,6 +799,15 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
             need = I > need ? I : need;
         }
         if (cf->moe && cf->top_k_experts * G4C_TILE_LD(cf->moe_width) > need) need = cf->top_k_experts * G4C_TILE_LD(cf->moe_width);
+        for (int i = 0; i < cf->n_layers; i++) { /* attention: q of a KV group, scores, a key chunk's K and V rows */
+            const int d = cf->layers[i].head_dim, g = cf->n_heads / (cf->layers[i].n_kv_heads > 0 ? cf->layers[i].n_kv_heads : 1);
+            const int a = g * d + g * G4C_KCHUNK + 2 * G4C_MAXGROUP + 2 * G4C_KCHUNK * d;
+            need = a > need ? a : need;
+        }
+        if (cf->hidden > G4C_THREADS * G4C_IN_NPT) {
+            st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: hidden size %d exceeds %d", cf->hidden, G4C_THREADS * G4C_IN_NPT);
+            goto fail;
+        }
         c->smem_need = need;
         if (need > c->smem_in) {
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: an input row of %d floats exceeds shared memory (%d)", need,
@@ -846,6 +894,7 @@ static g4c_params base_params(const g4_cuda *c) {
     p.pf_self = c->pf_self;
     p.eps = c->m->cfg.rms_eps;
     p.skip = c->skip;
+    p.rep = c->rep;
     p.evict_first = c->evict_first;
     p.op_local = c->op_local;
     return p;
@@ -959,7 +1008,8 @@ static g4_status upload_drafter(g4_cuda *c, const g4_drafter *d, bump *b, g4_err
 #undef MAT
         if ((st = up_vec(b, w->attn_norm, h, &o->attn_norm, err)) || (st = up_vec(b, w->post_attn_norm, h, &o->post_attn, err)) ||
             (st = up_vec(b, w->pre_ffn_norm, h, &o->pre_ffn, err)) || (st = up_vec(b, w->post_ffn_norm, h, &o->post_ffn, err)) ||
-            (st = up_vec(b, w->q_norm, dc->layers[i].head_dim, &o->q_norm, err)))
+            (st = up_vec(b, w->q_norm, dc->layers[i].head_dim, &o->q_norm, err)) ||
+            (st = up_rope(b, dc->layers[i].head_dim, dc->layers[i].rope_theta, &o->rope_inv, err)))
             return st;
         o->layer_scalar = w->layer_scalar;
     }
@@ -1034,6 +1084,10 @@ static void build_drafter(g4_cuda *c, const g4_drafter *d) {
         hd.d = dd;
         hd.pairs = lc->rope_pairs;
         hd.theta = lc->rope_theta;
+        hd.rope_inv = w->rope_inv;
+        for (int t = 0; t < tc->n_layers && !hd.rope_cs; t++)
+            if (tc->layers[t].head_dim == dd && tc->layers[t].rope_theta == lc->rope_theta && tc->layers[t].rope_pairs == lc->rope_pairs)
+                hd.rope_cs = c->rope_cs[(size_t)t];
         hd.q = c->d_q;
         hd.q_norm = w->q_norm;
         ops.push_back(hd);
@@ -1124,10 +1178,18 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter centroid head with %d centroids is not supported",
                        d->cfg.n_centroids);
     if (G4C_TILE_LD(2 * c->m->cfg.hidden) > c->smem_in) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter input too wide");
+    if (dc->hidden > G4C_THREADS * G4C_IN_NPT)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter hidden size %d exceeds %d", dc->hidden, G4C_THREADS * G4C_IN_NPT);
     for (int i = 0; i < dc->n_layers; i++) /* the drafter's own rows must fit the shared-memory tile too */
         if (G4C_TILE_LD(dc->layers[i].mlp_width) > c->smem_in || G4C_TILE_LD(dc->n_heads * dc->layers[i].head_dim) > c->smem_in ||
             G4C_TILE_LD(dc->hidden) > c->smem_in)
             return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter layer %d has an input row wider than shared memory", i);
+    for (int i = 0; i < dc->n_layers; i++) { /* the drafter's attention over the target's cache */
+        const g4_layer_config *tl = &c->m->cfg.layers[d->target_layer[i]];
+        const int dd = dc->layers[i].head_dim, g = dc->n_heads / (tl->n_kv_heads > 0 ? tl->n_kv_heads : 1);
+        if (g * dd + g * G4C_KCHUNK + 2 * G4C_MAXGROUP + 2 * G4C_KCHUNK * dd > c->smem_in)
+            return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter layer %d's attention exceeds shared memory", i);
+    }
     bump b = {NULL, 0, 1};
     g4_status st = upload_drafter(c, d, &b, err);
     if (st) return st;
@@ -1247,6 +1309,7 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
+extern "C" void g4_cuda_set_rep(g4_cuda *c, int rep) { c->rep = rep < 0 ? 0 : rep; }
 
 extern "C" void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local) {
     c->evict_first = !!evict_first;
