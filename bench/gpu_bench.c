@@ -94,12 +94,13 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
             if (r[b * 4 + 1] > emax) emax = r[b * 4 + 1];
         }
         qsort(tmp, (size_t)grid, sizeof *tmp, cmp_u64);
-        unsigned long long in_sorted = 0;
+        unsigned long long in_sorted = 0, in_max = 0;
         {
             unsigned long long *t2 = malloc(sizeof *t2 * (size_t)grid);
             for (int b = 0; b < grid; b++) t2[b] = r[b * 4 + 2];
             qsort(t2, (size_t)grid, sizeof *t2, cmp_u64);
             in_sorted = t2[grid / 2];
+            in_max = t2[grid - 1];
             free(t2);
         }
         const unsigned long long next = i + 1 < n ? st[(size_t)(i + 1) * grid * 4] : emax;
@@ -115,8 +116,8 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
         cnt[k]++;
         if (next > t_last) t_last = next;
         if (i < detail)
-            printf("      stage %3d %-9s span %7.1f us  work med %6.1f max %6.1f  input %5.1f  wait %5.1f  %6.2f MB %7.0f GB/s\n", i,
-                   names[k], sp, md, mx, in, wt, wb[i] / 1e6, sp > 0 ? wb[i] / (sp * 1e3) : 0.0);
+            printf("      stage %3d %-9s span %7.1f us  work med %6.1f max %6.1f  input %5.1f (max %5.1f)  wait %5.1f  %6.2f MB %7.0f GB/s\n", i,
+                   names[k], sp, md, mx, in, in_max / cpn / 1e3, wt, wb[i] / 1e6, sp > 0 ? wb[i] / (sp * 1e3) : 0.0);
     }
     printf("    trace M=1 ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end (SM clock %.2f GHz)\n",
            ev, local, skip, (double)(t_last - t_first) / 1e6, cpn);

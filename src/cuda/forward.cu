@@ -140,16 +140,18 @@ DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / 
 
 /* ---- the grid barrier --------------------------------------------------------------------------- */
 
-/* Barrier k of a grid of G blocks completes when the arrival counter reaches (k+1)·G: one atomic
- * per block, no reset (the 64-bit counter never wraps in practice). While thread 0 waits, the other
- * threads copy the next stage's g4c_op (next not NULL) into shared memory (`into`), so its fields
- * are read at shared-memory latency instead of by a chain of dependent global loads. */
-DEV void grid_sync(g4c_ctl *ctl, const g4c_op *next, g4c_op *into) {
+/* Barrier k of a launch on a grid of G blocks completes when the arrival counter reaches
+ * base + (k+1)·G, base being its value when the launch began (a multiple of G: every launch adds
+ * G per barrier; a block reading it late still rounds down to it, since barrier 0 cannot complete
+ * without that block). One fire-and-forget atomic per block, then polling; no reset (the 64-bit
+ * counter never wraps in practice). While thread 0 waits, the other threads copy the next stage's
+ * g4c_op (next not NULL) into shared memory (`into`), so its fields are read at shared-memory
+ * latency instead of by a chain of dependent global loads. */
+DEV void grid_sync(g4c_ctl *ctl, unsigned long long target, const g4c_op *next, g4c_op *into) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        unsigned long long old = atomicAdd(&ctl->bar, 1ull);
-        unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+        atomicAdd(&ctl->bar, 1ull); /* result unused: a reduction, no round trip */
         volatile unsigned long long *b = &ctl->bar;
         while (*b < target) {
         }
@@ -831,10 +833,11 @@ DEV const float *kv_row(const float *stage, const float *cache, int cap, int sta
     return j >= stage_from ? stage + (size_t)(j - stage_from) * row : cache + (size_t)(j % cap) * row;
 }
 
-/* GB: a compile-time bound on the query heads per KV head (only the instance in use occupies the
- * instruction cache); each head's arithmetic is the same in every instance */
-template <int GB>
-DEVT void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+/* Attention: one work item per (token, KV head, key chunk, query head of the group), so a short
+ * context still spreads over many blocks. The item's query, K and V rows go to shared memory first
+ * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
+ * head, then the butterfly), the softmax a warp, the V sums a thread per element in key order. */
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int Mq = op->drafter ? 1 : p.M;
     const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
@@ -843,30 +846,29 @@ DEVT void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     for (int m = 0; m < Mq; m++) {
         int lo, cf, nch;
         attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
-        total += nkv * nch;
+        total += nkv * nch * group;
     }
-    float *qs = sm, *sc = sm + group * d, *smx = sc + group * G4C_KCHUNK, *ssum = smx + G4C_MAXGROUP;
-    float *ks = ssum + G4C_MAXGROUP; /* the chunk's K rows [n][d], then its V rows [n][d] */
+    float *qs = sm, *sc = sm + d, *stat = sc + G4C_KCHUNK; /* stat: max, sum */
+    float *ks = stat + 4; /* the chunk's K rows [n][d], then its V rows [n][d] */
+    const tail_t tl = tail_of(sm, p);
 #pragma unroll 1
     for (int it = blockIdx.x; it < total; it += gridDim.x) {
         int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
         for (;; m++) {
             pq = op->drafter ? p.qpos : pos0 + m;
             attn_range(op, pq, &lo, &cf, &nch);
-            if (rest < nkv * nch) break;
-            rest -= nkv * nch;
+            if (rest < nkv * nch * group) break;
+            rest -= nkv * nch * group;
         }
-        const int g = rest / nch, ci = rest % nch, c = cf + ci;
+        const int g = rest / (nch * group), ci = rest / group % nch, hh = rest % group, c = cf + ci;
         const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
-        const float *qsrc = op->q + (size_t)m * nH * d + (size_t)g * group * d;
+        const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
         float *vsm = ks + (size_t)n * d;
-        /* the group's queries and the chunk's K and V rows into shared memory, every load issued
-         * before the first is used; thread tid owns one float4 column of rows tid / d4 + k·(T / d4) */
+        const long long tstart = p.trace ? clock64() : 0;
         {
             const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
             const size_t off = (size_t)g * d + 4 * c4;
-#pragma unroll 4
-            for (int i = tid; i < group * d4; i += G4C_THREADS) reinterpret_cast<float4 *>(qs)[i] = lda4(qsrc + 4 * i);
+            if (tid < d4) reinterpret_cast<float4 *>(qs)[tid] = lda4(qsrc + 4 * tid);
 #pragma unroll 1
             for (int jb = j0 < rpp ? j0 : n; jb < n; jb += 4 * rpp) {
                 float4 kx[4], vx[4];
@@ -889,93 +891,58 @@ DEVT void attn_t(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
             }
         }
         __syncthreads();
-        /* scores: a warp per key, lanes over float4 chunks of the head, then the butterfly */
+        if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
 #pragma unroll 1
         for (int j = warp; j < n; j += G4C_WARPS) {
             const float *kr = ks + (size_t)j * d;
-            float a[GB];
-#pragma unroll
-            for (int hh = 0; hh < GB; hh++) a[hh] = 0.0f;
+            float a = 0.0f;
 #pragma unroll 1
             for (int c4 = lane; c4 < d / 4; c4 += 32) {
-                float4 kv = *reinterpret_cast<const float4 *>(kr + 4 * c4);
-#pragma unroll
-                for (int hh = 0; hh < GB; hh++) {
-                    if (hh < group) {
-                        float4 q = *reinterpret_cast<const float4 *>(qs + hh * d + 4 * c4);
-                        a[hh] = fmaf(q.x, kv.x, a[hh]);
-                        a[hh] = fmaf(q.y, kv.y, a[hh]);
-                        a[hh] = fmaf(q.z, kv.z, a[hh]);
-                        a[hh] = fmaf(q.w, kv.w, a[hh]);
-                    }
-                }
+                const float4 kv = *reinterpret_cast<const float4 *>(kr + 4 * c4);
+                const float4 q = *reinterpret_cast<const float4 *>(qs + 4 * c4);
+                a = fmaf(q.x, kv.x, a);
+                a = fmaf(q.y, kv.y, a);
+                a = fmaf(q.z, kv.z, a);
+                a = fmaf(q.w, kv.w, a);
             }
-#pragma unroll
-            for (int hh = 0; hh < GB; hh++) {
-                if (hh < group) {
-                    float s = warp_sum_f(a[hh]);
-                    if (lane == 0) sc[hh * G4C_KCHUNK + j] = s;
-                }
-            }
+            a = warp_sum_f(a);
+            if (lane == 0) sc[j] = a;
         }
         __syncthreads();
-#pragma unroll 1
-        for (int hh = warp; hh < group; hh += G4C_WARPS) {
+        if (warp == 0) {
             float mx = -INFINITY;
 #pragma unroll 1
-            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[hh * G4C_KCHUNK + j]);
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[j]);
             mx = warp_max_f(mx);
             float s = 0.0f;
 #pragma unroll 1
             for (int j = lane; j < n; j += 32) {
-                float e = expf(sc[hh * G4C_KCHUNK + j] - mx);
-                sc[hh * G4C_KCHUNK + j] = e;
+                float e = expf(sc[j] - mx);
+                sc[j] = e;
                 s += e;
             }
             s = warp_sum_f(s);
             if (lane == 0) {
-                smx[hh] = mx;
-                ssum[hh] = s;
+                stat[0] = mx;
+                stat[1] = s;
             }
         }
         __syncthreads();
-        float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2);
+        float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
 #pragma unroll 1
         for (int e = tid; e < d; e += G4C_THREADS) {
-            float o[GB];
-#pragma unroll
-            for (int hh = 0; hh < GB; hh++) o[hh] = 0.0f;
-#pragma unroll 1
-            for (int j = 0; j < n; j++) { /* the adds in key order */
-                const float vv = vsm[(size_t)j * d + e];
-#pragma unroll
-                for (int hh = 0; hh < GB; hh++)
-                    if (hh < group) o[hh] = fmaf(sc[hh * G4C_KCHUNK + j], vv, o[hh]);
-            }
-#pragma unroll
-            for (int hh = 0; hh < GB; hh++) {
-                if (hh < group) {
-                    if (nch == 1)
-                        op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o[hh] / ssum[hh];
-                    else
-                        part[(size_t)hh * (d + 2) + 2 + e] = o[hh];
-                }
-            }
+            float o = 0.0f;
+#pragma unroll 4
+            for (int j = 0; j < n; j++) o = fmaf(sc[j], vsm[(size_t)j * d + e], o); /* in key order */
+            if (nch == 1) op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o / stat[1];
+            else part[2 + e] = o;
         }
-        if (nch > 1 && tid < group) {
-            part[(size_t)tid * (d + 2)] = smx[tid];
-            part[(size_t)tid * (d + 2) + 1] = ssum[tid];
+        if (nch > 1 && tid == 0) {
+            part[0] = stat[0];
+            part[1] = stat[1];
         }
         __syncthreads();
     }
-}
-
-DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
-    const int group = op->n_heads / op->n_kv;
-    if (group <= 2) attn_t<2>(op, p, pos0, sm);
-    else if (group <= 4) attn_t<4>(op, p, pos0, sm);
-    else if (group <= 8) attn_t<8>(op, p, pos0, sm);
-    else attn_t<G4C_MAXGROUP>(op, p, pos0, sm);
 }
 
 /* Queries whose keys span several chunks: combine the partials in chunk order. A warp per
@@ -1341,6 +1308,8 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
     extern __shared__ __align__(16) float sm[];
     const tail_t tl = tail_of(sm, p);
     const int pos0 = ldi(&p.ctl->pos);
+    /* the barrier counter at the start of this launch (see grid_sync); thread 0 alone waits on it */
+    const unsigned long long bar0 = threadIdx.x == 0 ? __ldcg(&p.ctl->bar) / gridDim.x * gridDim.x : 0;
     const bool local = p.op_local != 0, tr = p.trace != NULL && threadIdx.x == 0;
     unsigned long long *trace = tr ? p.trace + (size_t)blockIdx.x * 4 : NULL;
     const size_t tstride = (size_t)gridDim.x * 4;
@@ -1391,7 +1360,9 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
                 }
             }
             const bool more = s + 1 < p.n_ops || step + 1 < p.n_steps;
-            if (more) grid_sync(p.ctl, local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL, tl.ops + ((k + 1) & 1));
+            if (more)
+                grid_sync(p.ctl, bar0 + (unsigned long long)(k + 1) * gridDim.x, local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL,
+                          tl.ops + ((k + 1) & 1));
         }
     }
 }

@@ -665,7 +665,7 @@ static int split_of(const g4c_op &o, int split_chunks) {
         if (!w.data) continue;
         const int nch = w.cols / G4C_CHUNK_ELEMS(w.type);
         int s = 1;
-        while (s < G4C_WARPS && nch > 32 * s * split_chunks) s *= 2;
+        while (G4C_WARPS % (2 * s) == 0 && nch > 32 * s * split_chunks) s *= 2; /* teams tile the block */
         S = s > S ? s : S;
     }
     return S;
@@ -799,9 +799,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
             need = I > need ? I : need;
         }
         if (cf->moe && cf->top_k_experts * G4C_TILE_LD(cf->moe_width) > need) need = cf->top_k_experts * G4C_TILE_LD(cf->moe_width);
-        for (int i = 0; i < cf->n_layers; i++) { /* attention: q of a KV group, scores, a key chunk's K and V rows */
-            const int d = cf->layers[i].head_dim, g = cf->n_heads / (cf->layers[i].n_kv_heads > 0 ? cf->layers[i].n_kv_heads : 1);
-            const int a = g * d + g * G4C_KCHUNK + 2 * G4C_MAXGROUP + 2 * G4C_KCHUNK * d;
+        for (int i = 0; i < cf->n_layers; i++) { /* attention: a query head, its scores, a key chunk's K and V rows */
+            const int d = cf->layers[i].head_dim, a = d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d;
             need = a > need ? a : need;
         }
         if (cf->hidden > G4C_THREADS * G4C_IN_NPT) {
@@ -1187,7 +1186,7 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
     for (int i = 0; i < dc->n_layers; i++) { /* the drafter's attention over the target's cache */
         const g4_layer_config *tl = &c->m->cfg.layers[d->target_layer[i]];
         const int dd = dc->layers[i].head_dim, g = dc->n_heads / (tl->n_kv_heads > 0 ? tl->n_kv_heads : 1);
-        if (g * dd + g * G4C_KCHUNK + 2 * G4C_MAXGROUP + 2 * G4C_KCHUNK * dd > c->smem_in)
+        if (g < 1 || dd + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * dd > c->smem_in)
             return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter layer %d's attention exceeds shared memory", i);
     }
     bump b = {NULL, 0, 1};
