@@ -260,8 +260,12 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                 }
             } else {
                 /* per chunk: d = codes · x (float, exact codes), then acc += s·d (+ b·Σx) */
-                const unsigned ww0[4] = {wv0[u].x, wv0[u].y, wv0[u].z, wv0[u].w};
-                const unsigned ww1[4] = {wv1[u].x, wv1[u].y, wv1[u].z, wv1[u].w};
+                /* codes as bytes: Q8 the words themselves (sign flipped once per word), Q4 the even
+                 * (low nibble) and odd (high nibble) elements of each word in two byte vectors; a
+                 * byte permute then builds 2^23 + q directly */
+                const unsigned flip = T == G4C_Q8 && sgn ? 0x80808080u : 0u;
+                const unsigned ww0[4] = {wv0[u].x ^ flip, wv0[u].y ^ flip, wv0[u].z ^ flip, wv0[u].w ^ flip};
+                const unsigned ww1[4] = {wv1[u].x ^ flip, wv1[u].y ^ flip, wv1[u].z ^ flip, wv1[u].w ^ flip};
                 float d0[MTT], d1[MTT], sx[MTT];
 #pragma unroll
                 for (int m = 0; m < MTT; m++) d0[m] = d1[m] = sx[m] = 0.0f;
@@ -271,18 +275,20 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int el = e + i;
-                        unsigned q0, q1;
+                        unsigned b0, b1, sel;
                         if (T == G4C_Q8) {
-                            const unsigned flip = sgn ? 0x80u : 0u;
-                            q0 = ((ww0[el >> 2] >> (8 * (el & 3))) & 255u) ^ flip;
-                            q1 = ((ww1[el >> 2] >> (8 * (el & 3))) & 255u) ^ flip;
+                            b0 = ww0[el >> 2];
+                            b1 = ww1[el >> 2];
+                            sel = el & 3;
                         } else {
-                            q0 = (ww0[el >> 3] >> (4 * (el & 7))) & 15u;
-                            q1 = (ww1[el >> 3] >> (4 * (el & 7))) & 15u;
+                            const int sh = (el & 1) * 4; /* odd elements: the high nibbles */
+                            b0 = (ww0[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                            b1 = (ww1[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                            sel = (el & 7) >> 1;
                         }
                         const float z = T == G4C_Q8 ? (sgn ? 8388736.0f : 8388608.0f) : (sgn ? 8388616.0f : 8388608.0f);
-                        f0[i] = __uint_as_float(0x4B000000u | q0) - z;
-                        f1[i] = __uint_as_float(0x4B000000u | q1) - z;
+                        f0[i] = __uint_as_float(__byte_perm(b0, 0x4B000000u, 0x7540u + sel)) - z;
+                        f1[i] = __uint_as_float(__byte_perm(b1, 0x4B000000u, 0x7540u + sel)) - z;
                     }
 #pragma unroll
                     for (int m = 0; m < MTT; m++) {
