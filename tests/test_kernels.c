@@ -631,6 +631,36 @@ static void test_act(void **state) {
         g4_softcap_isa((g4_isa)isa, y, N, 30.0f);
         assert_memory_equal(y, ref, sizeof(float) * N);
     }
+    /* QAT activation fake-quantisation: ties to even, clamps, signed zeros, NaN, every ISA bitwise */
+    {
+        const float sc = 0.0371f;
+        float *v = malloc(sizeof(float) * N);
+        for (int i = 0; i < N; i++) {
+            switch (i % 6) {
+            case 0: v[i] = ((float)(i % 300) - 150.0f + 0.5f) * sc; break; /* ties (up to float rounding) */
+            case 1: v[i] = -0.3f * sc * (float)(i % 3); break;             /* small negatives, -0.0 */
+            case 2: v[i] = x[i] * 40.0f; break;                            /* beyond the clamps */
+            default: v[i] = x[i]; break;
+            }
+        }
+        v[5] = NAN, v[11] = -NAN, v[17] = INFINITY, v[23] = -INFINITY, v[29] = 1e30f, v[35] = -1e30f;
+        for (int i = 0; i < N; i++) ref[i] = g4_fake_quant1(v[i], sc);
+        for (int i = 0; i < N; i++)
+            if (!isnan(v[i])) {
+                double q = nearbyint((double)(v[i] / sc));
+                q = q < -128 ? -128 : q > 127 ? 127 : q;
+                assert_true(ref[i] == (float)(q * sc));
+            }
+        for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
+            for (int n = 0; n <= 40; n += 13) {
+                g4_fake_quant_isa((g4_isa)isa, y + n, v + n, (size_t)(N - n), sc);
+                assert_memory_equal(y + n, ref + n, sizeof(float) * (N - n));
+                memcpy(y, v, sizeof(float) * N); /* in place */
+                g4_fake_quant_isa((g4_isa)isa, y, y, N, sc);
+                assert_memory_equal(y, ref, sizeof(float) * N);
+            }
+        free(v);
+    }
     /* e^(x - m) and its sum, axpy */
     float m = 0;
     for (int i = 0; i < N; i++) m = x[i] > m ? x[i] : m;

@@ -12,6 +12,7 @@
 #ifndef G4_CPU_ACT_H
 #define G4_CPU_ACT_H
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "cpu/kernels_internal.h"
@@ -48,8 +49,17 @@ static inline float g4_softcap1(float x, float cap) {
     return cap * (y < 0 || (y == 0 && 1.0f / y < 0) ? -t : t);
 }
 
+/* QAT static activation fake-quantisation: v -> clamp(round_half_even(v / s), -128, 127) · s
+ * (NaN stays NaN; -0.0 and small negatives keep their sign, as nearbyintf does). */
+static inline float g4_fake_quant1(float v, float sc) {
+    float q = nearbyintf(v / sc);
+    return (q < -128.0f ? -128.0f : q > 127.0f ? 127.0f : q) * sc;
+}
+
 /* g[i] = gelu_tanh(g[i]) · u[i] */
 void g4_gelu_mul(float *g, const float *u, size_t n);
+/* y[i] = g4_fake_quant1(x[i], sc) (y may be x) */
+void g4_fake_quant(float *y, const float *x, size_t n, float sc);
 /* x[i] = cap · tanh(x[i] / cap) */
 void g4_softcap(float *x, size_t n, float cap);
 /* y[i] = e^(x[i] - m) for i < n; returns Σ y in the fixed 16-partial order (element i into
@@ -64,6 +74,7 @@ void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, i
 /* The same at a chosen ISA level, which the CPU must support (at most g4_isa_best()). */
 void g4_gelu_mul_isa(g4_isa isa, float *g, const float *u, size_t n);
 void g4_softcap_isa(g4_isa isa, float *x, size_t n, float cap);
+void g4_fake_quant_isa(g4_isa isa, float *y, const float *x, size_t n, float sc);
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);
 void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d);

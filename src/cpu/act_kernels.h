@@ -69,6 +69,24 @@ KTARGET static void KN(softcap)(float *x, size_t n, float cap) {
     for (; i < n; i++) x[i] = g4_softcap1(x[i], cap);
 }
 
+/* y[i] = g4_fake_quant1(x[i], sc). Rounding to an integer, half to even, is exact as a + 1.5·2^23
+ * − 1.5·2^23 on a = |v / s| < 2^23 (larger values clamp to ±128 either way), with v's sign put
+ * back (nearbyintf keeps it: -0.3 -> -0.0); NaN passes both clamps unchanged as in the scalar. */
+KTARGET static void KN(fake_quant)(float *y, const float *x, size_t n, float sc) {
+    const VF s = KN(splat)(sc), magic = KN(splat)(12582912.0f), lo = KN(splat)(-128.0f), hi = KN(splat)(127.0f);
+    const VI sign = (VI)KN(splat)(-0.0f);
+    size_t i = 0;
+    for (; i + KW <= n; i += KW) {
+        const VF v = *(const VF *)(x + i) / s;
+        const VF a = (VF)((VI)v & ~sign);
+        VF q = (VF)((VI)((a + magic) - magic) | ((VI)v & sign));
+        q = (VF)(((VI)(q < lo) & (VI)lo) | (~(VI)(q < lo) & (VI)q));
+        q = (VF)(((VI)(q > hi) & (VI)hi) | (~(VI)(q > hi) & (VI)q));
+        *(VF *)(y + i) = q * s;
+    }
+    for (; i < n; i++) y[i] = g4_fake_quant1(x[i], sc);
+}
+
 /* y[i] = e^(x[i] - m); returns the sum of y in the fixed 16-partial layout. */
 KTARGET static float KN(exp_sum)(const float *x, float m, float *y, int n) {
     VF acc[KN16];

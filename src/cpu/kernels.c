@@ -657,8 +657,8 @@ g4_status g4_mat_validate(const g4_mat *w, g4_error *err) {
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales%s missing", tn, w->type == G4_W_AFFINE ? " or biases" : "");
         if (w->scale_dtype != G4_DT_F32 && w->scale_dtype != G4_DT_F16 && w->scale_dtype != G4_DT_BF16)
             return g4_fail(err, G4_ERR_TENSOR, "%s: scales must be F32, F16 or BF16", tn);
-        if (w->split && w->bits != 4 && w->bits != 8)
-            return g4_fail(err, G4_ERR_TENSOR, "%s: the split layout holds 4- or 8-bit codes, not %d", tn, w->bits);
+        if (w->split && w->bits != 2 && w->bits != 4 && w->bits != 8)
+            return g4_fail(err, G4_ERR_TENSOR, "%s: the split layout holds 2-, 4- or 8-bit codes, not %d", tn, w->bits);
         if (w->scale_stride < (size_t)(w->cols / gs))
             return g4_fail(err, G4_ERR_TENSOR, "%s: scale stride %zu below %d groups", tn, w->scale_stride, w->cols / gs);
     }

@@ -40,7 +40,7 @@ typedef struct g4_mat {
                                      [rows][cols/group] */
     g4_dtype scale_dtype;         /* F32, F16 or BF16 */
     size_t scale_stride;          /* scale elements per row */
-    int split;                    /* AFFINE / SYMM with 4 or 8 bits only: codes in the kernels'
+    int split;                    /* AFFINE / SYMM with 2, 4 or 8 bits only: codes in the kernels'
                                      block-split order instead of an LSB-first stream (quant.h) */
     /* QAT static activation fake-quantisation around this matrix's products (0: none):
      * v -> s == 0 ? v : clamp(round_even(v / s), -128, 127) * s on the input x before the product

@@ -582,7 +582,8 @@ INLINE void int_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
 
 /* ---- the split layout (quant.h): dedicated loops ------------------------------------------------
  * Per super-group of 16 blocks and row: the code vectors k[0..7] (chunk s: four codes of each
- * block, 8-bit chunks as loaded, 4-bit chunks split into low / high nibbles), then per token
+ * block, 8-bit chunks as loaded, 4-bit chunks split into low / high nibbles, 2-bit chunks into
+ * four code positions), then per token
  * eight dpbusd into one lane per block and the canonical float step once for all 16 blocks. */
 typedef struct {
     const uint8_t *codes;
@@ -658,7 +659,16 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
         for (int v = 0; v < R; v++) {
             const uint8_t *p = rw[v].codes + (size_t)g * 64 * bits;
             __m512i k[8];
-            if (bits == 8) {
+            if (bits == 2) { /* codes stay in place: 4^j·code for j = 0..3, scaled back below */
+                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+#pragma GCC unroll 2
+                for (int c = 0; c < 2; c++) {
+                    __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) k[4 * c + j] = _mm512_and_si512(A, _mm512_set1_epi8((char)(3 << (2 * j))));
+                }
+            } else if (bits == 8) {
                 _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
                 _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
                 _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
@@ -691,13 +701,26 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
                  * second chain takes the high nibbles as 16·code, so it holds exactly 16 times its
                  * share and an arithmetic shift by 4 restores it (one shift instead of one per chunk) */
                 __m512i P = _mm512_loadu_si512(xp->c0 + f), P2 = _mm512_setzero_si512();
+                if (bits == 2) { /* four chains, one per code position j: 4^j times their share */
+                    __m512i P1 = _mm512_setzero_si512(), P3 = _mm512_setzero_si512();
+#pragma GCC unroll 2
+                    for (int c = 0; c < 2; c++) {
+                        P = _mm512_dpbusd_epi32(P, k[4 * c], _mm512_loadu_si512(q + 64 * (4 * c)));
+                        P1 = _mm512_dpbusd_epi32(P1, k[4 * c + 1], _mm512_loadu_si512(q + 64 * (4 * c + 1)));
+                        P2 = _mm512_dpbusd_epi32(P2, k[4 * c + 2], _mm512_loadu_si512(q + 64 * (4 * c + 2)));
+                        P3 = _mm512_dpbusd_epi32(P3, k[4 * c + 3], _mm512_loadu_si512(q + 64 * (4 * c + 3)));
+                    }
+                    P = _mm512_add_epi32(_mm512_add_epi32(P, _mm512_srai_epi32(P1, 2)),
+                                         _mm512_add_epi32(_mm512_srai_epi32(P2, 4), _mm512_srai_epi32(P3, 6)));
+                } else {
 #pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    int s1 = bits == 4 ? 2 * c : c, s2 = bits == 4 ? 2 * c + 1 : c + 4;
-                    P = _mm512_dpbusd_epi32(P, k[s1], _mm512_loadu_si512(q + 64 * s1));
-                    P2 = _mm512_dpbusd_epi32(P2, k[s2], _mm512_loadu_si512(q + 64 * s2));
+                    for (int c = 0; c < 4; c++) {
+                        int s1 = bits == 4 ? 2 * c : c, s2 = bits == 4 ? 2 * c + 1 : c + 4;
+                        P = _mm512_dpbusd_epi32(P, k[s1], _mm512_loadu_si512(q + 64 * s1));
+                        P2 = _mm512_dpbusd_epi32(P2, k[s2], _mm512_loadu_si512(q + 64 * s2));
+                    }
+                    P = _mm512_add_epi32(P, bits == 4 ? _mm512_srai_epi32(P2, 4) : P2);
                 }
-                P = _mm512_add_epi32(P, bits == 4 ? _mm512_srai_epi32(P2, 4) : P2);
                 __m512 d = _mm512_loadu_ps(xp->dx + f);
                 if (n == 16) {
                     acc[v][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u]);
@@ -787,6 +810,8 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
     T512 static void split_##bits##_##add##_##sm(const g4_rows_args *a, int r0, int r1) { split_rows(a, r0, r1, bits, add, sm); }
 #define SPLIT_FNS(bits, add) SPLIT_FN(bits, add, SM_BUF) SPLIT_FN(bits, add, SM_ROW) SPLIT_FN(bits, add, SM_F16) \
     SPLIT_FN(bits, add, SM_BF16) SPLIT_FN(bits, add, SM_F16_64) SPLIT_FN(bits, add, SM_BF16_64)
+SPLIT_FNS(2, 0)
+SPLIT_FNS(2, 1)
 SPLIT_FNS(4, 0)
 SPLIT_FNS(4, 1)
 SPLIT_FNS(8, 0)
@@ -796,7 +821,8 @@ T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
 #define SPLIT_ROW(bits, add)                                                                                  \
     {split_##bits##_##add##_SM_BUF, split_##bits##_##add##_SM_ROW, split_##bits##_##add##_SM_F16, split_##bits##_##add##_SM_BF16, \
      split_##bits##_##add##_SM_F16_64, split_##bits##_##add##_SM_BF16_64}
-    static void (*const fns[2][2][6])(const g4_rows_args *, int, int) = {
+    static void (*const fns[3][2][6])(const g4_rows_args *, int, int) = {
+        {SPLIT_ROW(2, 0), SPLIT_ROW(2, 1)},
         {SPLIT_ROW(4, 0), SPLIT_ROW(4, 1)},
         {SPLIT_ROW(8, 0), SPLIT_ROW(8, 1)},
     };
@@ -813,7 +839,7 @@ T512 static void rows_split(const g4_rows_args *a, int r0, int r1) {
            : G == 64 && w->scale_dtype == G4_DT_F16  ? SM_F16_64
            : G == 64 && w->scale_dtype == G4_DT_BF16 ? SM_BF16_64
                                                       : SM_BUF;
-    fns[w->bits == 8][w->type == G4_W_AFFINE][sm](a, r0, r1);
+    fns[w->bits == 8 ? 2 : w->bits == 4][w->type == G4_W_AFFINE][sm](a, r0, r1);
 }
 
 #define INT_ROWS(name, T_) \

@@ -31,7 +31,7 @@
  *  AFFINE off 0, sw = scale, bw = bias (scale/bias of the group holding the block, converted from
  *  their dtype); SYMM off 2^(bits−1) (int8: u = q + 128), sw = the scale of the row or group.
  *
- * Split layout (g4_mat.split, the kernels' own layout of 4- and 8-bit AFFINE / SYMM matrices,
+ * Split layout (g4_mat.split, the kernels' own layout of 2-, 4- and 8-bit AFFINE / SYMM matrices,
  * cpu/quant.h): step 1 as above but with one c0 and one float pair per block, c0_b = −off·Σ xq
  * over the block's 32 elements and XS_b = the block's 32 elements summed left to right; then
  * float lane ℓ = b mod 16 accumulates, blocks in increasing order,

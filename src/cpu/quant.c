@@ -415,7 +415,7 @@ static int repack_bits(const g4_mat *w) {
     switch (w->type) {
     case G4_W_Q4_0: case G4_W_Q4_1: return 4;
     case G4_W_Q8_0: return 8;
-    case G4_W_AFFINE: case G4_W_SYMM: return w->bits == 4 || w->bits == 8 ? w->bits : 0;
+    case G4_W_AFFINE: case G4_W_SYMM: return w->bits == 2 || w->bits == 4 || w->bits == 8 ? w->bits : 0;
     default: return 0;
     }
 }
@@ -481,18 +481,25 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
                 }
             } else if (bits == 8) {
                 for (int i = 0; i < 32; i++) u[i] = (uint8_t)(p[32 * b + i] ^ (flip ? 0x80 : 0));
-            } else { /* a 4-bit LSB-first stream: byte i holds codes 2i (low) and 2i + 1 */
+            } else if (bits == 4) { /* a 4-bit LSB-first stream: byte i holds codes 2i (low) and 2i + 1 */
                 for (int i = 0; i < 16; i++) {
                     u[2 * i] = p[16 * b + i] & 15;
                     u[2 * i + 1] = p[16 * b + i] >> 4;
                 }
+            } else { /* a 2-bit LSB-first stream: byte i holds codes 4i .. 4i + 3 from bit 0 */
+                for (int i = 0; i < 32; i++) u[i] = (uint8_t)(p[8 * b + i / 4] >> (2 * (i % 4)) & 3);
             }
             size_t cs, at = split_slot(nb, bits, b, &cs);
             if (bits == 8) {
                 for (int c = 0; c < 8; c++) memcpy(dst + at + (size_t)c * cs, u + 4 * c, 4);
-            } else {
+            } else if (bits == 4) {
                 for (int c = 0; c < 4; c++)
                     for (int t = 0; t < 4; t++) dst[at + (size_t)c * cs + (size_t)t] = (uint8_t)(u[8 * c + t] | u[8 * c + 4 + t] << 4);
+            } else {
+                for (int c = 0; c < 2; c++)
+                    for (int t = 0; t < 4; t++)
+                        dst[at + (size_t)c * cs + (size_t)t] =
+                            (uint8_t)(u[16 * c + t] | u[16 * c + 4 + t] << 2 | u[16 * c + 8 + t] << 4 | u[16 * c + 12 + t] << 6);
             }
         }
     }
@@ -504,12 +511,18 @@ void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]) {
     size_t cs, at = split_slot(w->cols / 32, w->bits, b, &cs);
     if (w->bits == 8) {
         for (int c = 0; c < 8; c++) memcpy(u + 4 * c, p + at + (size_t)c * cs, 4);
-    } else {
+    } else if (w->bits == 4) {
         for (int c = 0; c < 4; c++)
             for (int t = 0; t < 4; t++) {
                 uint8_t v = p[at + (size_t)c * cs + (size_t)t];
                 u[8 * c + t] = v & 15;
                 u[8 * c + 4 + t] = v >> 4;
+            }
+    } else {
+        for (int c = 0; c < 2; c++)
+            for (int t = 0; t < 4; t++) {
+                uint8_t v = p[at + (size_t)c * cs + (size_t)t];
+                for (int j = 0; j < 4; j++) u[16 * c + 4 * j + t] = v >> (2 * j) & 3;
             }
     }
 }

@@ -27,13 +27,14 @@
  *        per byte, low nibble first, stored as value+8; int2 four per byte from bit 0, stored as
  *        value+2. Equivalently an LSB-first stream of (value + 2^(bits−1)) for 2 and 4 bits.
  *
- * The kernels' own layout (g4_mat.split, AFFINE / SYMM with 4 or 8 bits), which the loaders
- * repack Q4_0, Q4_1, Q8_0 and 4/8-bit MLX and QAT matrices into when the CPU has AVX-512: the
+ * The kernels' own layout (g4_mat.split, AFFINE / SYMM with 2, 4 or 8 bits), which the loaders
+ * repack Q4_0, Q4_1, Q8_0 and 2/4/8-bit MLX and QAT matrices into when the CPU has AVX-512: the
  * canonical unsigned codes u (SYMM: value + 2^(bits−1), also for 8 bits) of each run of 16 blocks
  * (a super-group; the row's last one may hold n < 16 blocks) interleaved four elements at a time,
  * so that 32-bit lane l of a vector holds four codes of block l:
  *   8 bits: 8 chunks of 4n bytes; chunk s, byte 4l + t = u[block l][4s + t];
- *   4 bits: 4 chunks of 4n bytes; chunk c, byte 4l + t = u[block l][8c + t] | u[block l][8c + 4 + t] << 4.
+ *   4 bits: 4 chunks of 4n bytes; chunk c, byte 4l + t = u[block l][8c + t] | u[block l][8c + 4 + t] << 4;
+ *   2 bits: 2 chunks of 4n bytes; chunk c, byte 4l + t = u[block l][16c + 4j + t] << 2j summed over j < 4.
  * A row stays cols·bits/8 bytes. Scales and biases stay separate arrays (per group, F32 / F16 /
  * BF16): a ggml block's f16 d (and Q4_1's m) become a group-32 F16 scale (bias) array. The split
  * layout has its own canonical order (kernels_internal.h: one float lane per block). */

@@ -246,26 +246,18 @@ static void rope_apply(const g4_state *s, float *x, int m, int kind) {
     }
 }
 
-/* QAT static activation fake-quantisation: v -> clamp(round_even(v / s), -128, 127) · s. */
-static inline float act_fake_quant(float v, float sc) {
-    float q = nearbyintf(v / sc);
-    return (q < -128.0f ? -128.0f : q > 127.0f ? 127.0f : q) * sc;
-}
-
 /* g4_matmul plus the fake-quantisation a QAT matrix asks for around it (g4_mat.in_act_scale on its
  * input, out_act_scale on its output; 0 means none). */
 static void matmul_q(g4_state *s, g4_threadpool *pool, const g4_mat *w, const float *x, int M, float *y, int ldy) {
     if (w->in_act_scale != 0) {
-        size_t n = (size_t)M * (size_t)w->cols;
-        for (size_t i = 0; i < n; i++) s->act_q[i] = act_fake_quant(x[i], w->in_act_scale);
+        g4_fake_quant(s->act_q, x, (size_t)M * (size_t)w->cols, w->in_act_scale);
         x = s->act_q;
     }
     prof_mark(s, G4_PROF_OTHER);
     g4_matmul(pool, w, x, M, y, ldy);
     prof_mark(s, G4_PROF_MATMUL);
     if (w->out_act_scale != 0)
-        for (int m = 0; m < M; m++)
-            for (int r = 0; r < w->rows; r++) y[(size_t)m * ldy + r] = act_fake_quant(y[(size_t)m * ldy + r], w->out_act_scale);
+        for (int m = 0; m < M; m++) g4_fake_quant(y + (size_t)m * ldy, y + (size_t)m * ldy, (size_t)w->rows, w->out_act_scale);
 }
 
 /* gelu_tanh(gate) ⊙ up, in place into gate */
