@@ -839,6 +839,38 @@ DEV const float *kv_row(const float *stage, const float *cache, int cap, int sta
     return j >= stage_from ? stage + (size_t)(j - stage_from) * row : cache + (size_t)(j % cap) * row;
 }
 
+/* One query head whose keys span nch > 1 chunks: its partials (base, chunk stride `stride`)
+ * combined in chunk order into att (d elements), a thread per element. */
+DEV void attn_combine(const float *base, size_t stride, int nch, int d, float *att) {
+#pragma unroll 1
+    for (int e = threadIdx.x; e < d; e += G4C_THREADS) {
+        float mx = -INFINITY;
+#pragma unroll 8
+        for (int ci = 0; ci < nch; ci++) mx = fmaxf(mx, lda(base + ci * stride));
+        float s = 0.0f, o = 0.0f;
+#pragma unroll 1
+        for (int c0 = 0; c0 < nch; c0 += 8) { /* loads first, then the sums in chunk order */
+            float cm[8], cs[8], ca[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float *pc = base + (size_t)(c0 + u) * stride;
+                cm[u] = c0 + u < nch ? lda(pc) : 0.0f;
+                cs[u] = c0 + u < nch ? lda(pc + 1) : 0.0f;
+                ca[u] = c0 + u < nch ? lda(pc + 2 + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (c0 + u < nch) {
+                    float w = expf(cm[u] - mx);
+                    s = s + cs[u] * w;
+                    o = o + ca[u] * w;
+                }
+            }
+        }
+        att[e] = o / s;
+    }
+}
+
 /* Attention: one work item per (token, KV head, key chunk, query head of the group), so a short
  * context still spreads over many blocks. The item's query, K and V rows go to shared memory first
  * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
@@ -943,64 +975,24 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
             if (nch == 1) op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o / stat[1];
             else part[2 + e] = o;
         }
-        if (nch > 1 && tid == 0) {
-            part[0] = stat[0];
-            part[1] = stat[1];
+        if (nch > 1) { /* the last of the head's chunks to finish combines them (no separate stage) */
+            if (tid == 0) {
+                part[0] = stat[0];
+                part[1] = stat[1];
+            }
+            __threadfence();
+            __syncthreads();
+            int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
+            if (tid == 0) tl.flag[1] = atomicAdd(cnt, 1) == nch - 1;
+            __syncthreads();
+            if (tl.flag[1]) {
+                __threadfence();
+                const size_t stride = (size_t)group * (d + 2);
+                attn_combine(part - (size_t)ci * stride, stride, nch, d, op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d);
+                if (tid == 0) *cnt = 0; /* ready for the next layer */
+            }
         }
         __syncthreads();
-    }
-}
-
-/* Queries whose keys span several chunks: combine the partials in chunk order. A warp per
- * (token, head, 32 dims). */
-DEVN void op_attn_combine(const g4c_op *op, const g4c_params &p, int pos0) {
-    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, slices = (d + 31) / 32;
-    const int Mq = op->drafter ? 1 : p.M;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
-    int total = 0;
-    for (int m = 0; m < Mq; m++) {
-        int lo, cf, nch;
-        attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
-        if (nch > 1) total += nH * slices;
-    }
-#pragma unroll 1
-    for (int it = gw; it < total; it += nw) {
-        int m = 0, rest = it, lo, cf, nch;
-        for (;; m++) {
-            attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
-            if (nch > 1) {
-                if (rest < nH * slices) break;
-                rest -= nH * slices;
-            }
-        }
-        const int h = rest / slices, e = (rest % slices) * 32 + lane, g = h / group, hh = h % group;
-        const float *base = op->part_buf + ((size_t)m * nkv + g) * op->max_chunks * group * (d + 2) + (size_t)hh * (d + 2);
-        const size_t stride = (size_t)group * (d + 2);
-        float mx = -INFINITY;
-#pragma unroll 8
-        for (int ci = 0; ci < nch; ci++) mx = fmaxf(mx, lda(base + ci * stride));
-        float s = 0.0f, o = 0.0f;
-#pragma unroll 1
-        for (int c0 = 0; c0 < nch; c0 += 8) { /* loads first, then the sums in chunk order */
-            float cm[8], cs[8], ca[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const float *pc = base + (size_t)(c0 + u) * stride;
-                cm[u] = c0 + u < nch ? lda(pc) : 0.0f;
-                cs[u] = c0 + u < nch ? lda(pc + 1) : 0.0f;
-                ca[u] = c0 + u < nch && e < d ? lda(pc + 2 + e) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                if (c0 + u < nch) {
-                    float w = expf(cm[u] - mx);
-                    s = s + cs[u] * w;
-                    o = o + ca[u] * w;
-                }
-            }
-        }
-        if (e < d) op->att[(size_t)m * nH * d + (size_t)h * d + e] = o / s;
     }
 }
 
@@ -1345,7 +1337,6 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
                 case G4C_OP_MATMUL: op_matmul(op, p, step, sm); break;
                 case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
                 case G4C_OP_ATTN: op_attn(op, p, pos0, sm); break;
-                case G4C_OP_ATTN_COMBINE: op_attn_combine(op, p, pos0); break;
                 case G4C_OP_PLE: op_ple(op, p); break;
                 case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
                 case G4C_OP_EXPERT: op_expert(op, p, sm); break;

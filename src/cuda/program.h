@@ -69,7 +69,7 @@ enum {
     G4C_OP_MATMUL,       /* rows of up to G4C_MAXPART matrices over one staged input */
     G4C_OP_HEADS,        /* q_norm + rope; k_norm + rope, weightless v norm -> staging / cache */
     G4C_OP_ATTN,         /* softmax(q K^T) V over one chunk of visible keys */
-    G4C_OP_ATTN_COMBINE, /* chunk partials of queries with several chunks, combined in order */
+    G4C_OP_ATTN_COMBINE, /* unused: the last chunk of a query head combines its partials (ATTN) */
     G4C_OP_PLE,          /* per-layer inputs from the projection and the gathered table row */
     G4C_OP_MOE_ROUTE,    /* router softmax, top-k, weights; x2 = rms_w(pre_ffn_2)(x1) */
     G4C_OP_EXPERT,       /* top-k expert matmuls (gate/up pairs or down) */
@@ -156,6 +156,7 @@ typedef struct g4c_op {
     float *kc, *vc;       /* cache [cap_rows][n_kv * d] */
     float *att;           /* [m][n_heads * d] */
     float *part_buf;      /* attention chunk partials [m][n_kv][max_chunks][group][2 + d] */
+    int *att_cnt;         /* [m][n_heads] chunks finished (back to 0 once combined) */
     int max_chunks;
     /* MoE */
     int E, topk, Im, H;

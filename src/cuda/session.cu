@@ -100,7 +100,7 @@ struct g4_cuda {
     /* activations [max_batch][...] */
     float *x0, *xa, *xb, *q, *kraw, *vraw, *att, *t, *hb, *f, *ple, *pg, *logits, *hfinal, *part_buf, *dbg;
     float *router, *top_w, *x2, *exh, *exo;
-    int *top_e;
+    int *top_e, *att_cnt;
     std::vector<dev_kv> kv;
     std::vector<float *> rope_cs;        /* per layer: [n_ctx][pairs][2] cos, sin, shared by equal kinds */
     std::vector<int> rope_src;           /* per layer: the first layer with the same RoPE kind */
@@ -121,7 +121,7 @@ struct g4_cuda {
     std::vector<g4c_op> dops;
     g4c_op *d_dops;
     float *d_part, *d_hid, *d_hcarry, *d_hhist, *d_dlogits, *d_x, *d_xa, *d_xb, *d_q, *d_att, *d_t, *d_hb, *d_f, *d_y, *d_cent;
-    int *d_cidx, *d_cflag, *d_order, *d_cluster;
+    int *d_cidx, *d_cflag, *d_order, *d_cluster, *d_att_cnt;
     float d_eps;
 };
 
@@ -347,6 +347,7 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     c->hb = TAKE(b, float, (size_t)B * maxI);
     c->logits = TAKE(b, float, (size_t)B * V);
     c->part_buf = TAKE(b, float, (size_t)B * maxnkv * c->max_chunks * maxgroup * (maxd + 2));
+    c->att_cnt = TAKE(b, int, (size_t)B * nH);
     c->ple = P ? TAKE(b, float, (size_t)B * L * P) : NULL;
     c->pg = P ? TAKE(b, float, (size_t)B * P) : NULL;
     if (cf->moe) {
@@ -456,8 +457,6 @@ static void attn_ops(std::vector<g4c_op> &ops, const g4c_op &base) {
     a.kind = G4C_OP_ATTN;
     a.cls = G4C_CLS_ATTN;
     ops.push_back(a);
-    a.kind = G4C_OP_ATTN_COMBINE;
-    ops.push_back(a);
 }
 
 static void build_target(g4_cuda *c) {
@@ -548,6 +547,7 @@ static void build_target(g4_cuda *c) {
         at.cap_rows = kvs->cap;
         at.att = c->att;
         at.part_buf = c->part_buf;
+        at.att_cnt = c->att_cnt;
         at.max_chunks = c->max_chunks;
         attn_ops(ops, at);
         /* o_proj */
@@ -1026,6 +1026,7 @@ static void layout_drafter(g4_cuda *c, const g4_drafter *d, bump *b) {
         maxgroup = dc->n_heads / tl->n_kv_heads > maxgroup ? dc->n_heads / tl->n_kv_heads : maxgroup;
     }
     c->d_part = TAKE(b, float, (size_t)maxkv * c->max_chunks * maxgroup * (maxd + 2));
+    c->d_att_cnt = TAKE(b, int, dc->n_heads);
     c->d_hid = TAKE(b, float, H);
     c->d_hcarry = TAKE(b, float, H);
     c->d_hhist = TAKE(b, float, (size_t)G4C_MAXSTEPS * H);
@@ -1103,6 +1104,7 @@ static void build_drafter(g4_cuda *c, const g4_drafter *d) {
         at.cap_rows = kv->cap;
         at.att = c->d_att;
         at.part_buf = c->d_part;
+        at.att_cnt = c->d_att_cnt;
         at.max_chunks = c->max_chunks;
         attn_ops(ops, at);
         o = op_new(G4C_OP_MATMUL, G4C_CLS_MATMUL);
