@@ -55,6 +55,10 @@ g4_status g4_source_open_gguf(g4_weight_source *src, const char *path, struct g4
 g4_status g4_source_open_safetensors_raw(g4_weight_source *src, const char *path, g4_error *err);
 /* find_i32 for safetensors-based sources: tensor `name` of archive a, I64 or I32 [n]. */
 struct g4_st_archive;
+struct g4_st_tensor;
+/* out (its name and file set) as the float tensor t of a safetensors archive: shape and a dense
+ * matrix over t's data; `expect` names the accepted dtypes in the error */
+g4_status g4_st_dense_ref(const struct g4_st_tensor *t, g4_tensor_ref *out, const char *expect, g4_error *err);
 g4_status g4_st_find_i32(const struct g4_st_archive *a, const char *name, int64_t n, int32_t *out, int *found,
                          g4_error *err);
 

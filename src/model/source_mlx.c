@@ -118,24 +118,8 @@ static void shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
         used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
 }
 
-static g4_status dense_ref(const char *file, const g4_st_tensor *t, g4_tensor_ref *out, g4_error *err) {
-    if (!is_float(t->dtype))
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16 (or U32 codes with "
-                       "scales and biases)", file, out->name, g4_dtype_name(t->dtype));
-    if (t->ndim < 1)
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' is a scalar; expected a vector or matrix", file, out->name);
-    int64_t rows = 1;
-    out->ndim = t->ndim;
-    for (int i = 0; i < t->ndim; i++) {
-        out->shape[i] = t->shape[i];
-        if (i < t->ndim - 1) rows *= t->shape[i];
-    }
-    int64_t cols = t->shape[t->ndim - 1];
-    if (rows > (1 << 30) || cols > (1 << 30))
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' is too large", file, out->name);
-    out->mat = g4_mat_dense(t->dtype, (int)rows, (int)cols, t->data);
-    out->float_dtype = t->dtype;
-    return G4_OK;
+static g4_status dense_ref(const g4_st_tensor *t, g4_tensor_ref *out, g4_error *err) {
+    return g4_st_dense_ref(t, out, "F32, F16 or BF16 (or U32 codes with scales and biases)", err);
 }
 
 /* A quantised module: `mod` relative, w its U32 codes. */
@@ -236,7 +220,7 @@ static g4_status module_ref(mlx_source *s, const char *mod, g4_tensor_ref *out, 
     if (find_t(s, rel, sname, sizeof sname))
         return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' has scales '%s' but dtype %s; MLX codes are U32", out->file,
                        out->name, sname, g4_dtype_name(w->dtype));
-    return dense_ref(out->file, w, out, err);
+    return dense_ref(w, out, err);
 }
 
 static g4_status keep(mlx_source *s, void *p, g4_error *err) {
@@ -388,7 +372,7 @@ static g4_status mlx_find(void *ctx, const char *name, g4_tensor_ref *out, int *
         if (t) {
             *found = 1;
             out->file = s->st.file_names[t->file];
-            return dense_ref(out->file, t, out, err);
+            return dense_ref(t, out, err);
         }
         snprintf(mod, sizeof mod, "%.*s", (int)(n - strlen(gu)), name);
         return merged_gate_up(s, mod, out, found, err);
@@ -398,7 +382,7 @@ static g4_status mlx_find(void *ctx, const char *name, g4_tensor_ref *out, int *
         if (t) {
             *found = 1;
             out->file = s->st.file_names[t->file];
-            return dense_ref(out->file, t, out, err);
+            return dense_ref(t, out, err);
         }
         snprintf(mod, sizeof mod, "%.*s.experts.switch_glu.down_proj", (int)(n - strlen(dn)), name);
         return module_ref(s, mod, out, found, err);
@@ -413,7 +397,7 @@ static g4_status mlx_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     if (!t) return G4_OK;
     *found = 1;
     out->file = s->st.file_names[t->file];
-    return dense_ref(out->file, t, out, err);
+    return dense_ref(t, out, err);
 }
 
 static g4_status mlx_find_i32(void *ctx, const char *name, int64_t n, int32_t *out, int *found, g4_error *err) {

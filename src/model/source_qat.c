@@ -68,24 +68,8 @@ static int64_t drafter_cols(const g4_drafter_config *d, const char *name) {
     return strncmp(name, "model.", 6) ? -1 : expected_cols(&d->text, name + 6);
 }
 
-static g4_status dense_ref(const char *file, const g4_st_tensor *t, g4_tensor_ref *out, g4_error *err) {
-    if (!is_float(t->dtype))
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16", file, out->name,
-                       g4_dtype_name(t->dtype));
-    if (t->ndim < 1)
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' is a scalar; expected a vector or matrix", file, out->name);
-    int64_t rows = 1;
-    out->ndim = t->ndim;
-    for (int i = 0; i < t->ndim; i++) {
-        out->shape[i] = t->shape[i];
-        if (i < t->ndim - 1) rows *= t->shape[i];
-    }
-    int64_t cols = t->shape[t->ndim - 1];
-    if (rows > (1 << 30) || cols > (1 << 30))
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' is too large", file, out->name);
-    out->mat = g4_mat_dense(t->dtype, (int)rows, (int)cols, t->data);
-    out->float_dtype = t->dtype;
-    return G4_OK;
+static g4_status dense_ref(const g4_st_tensor *t, g4_tensor_ref *out, g4_error *err) {
+    return g4_st_dense_ref(t, out, "F32, F16 or BF16", err);
 }
 
 /* A scalar float tensor (shape [] or [1]); absent → 0. */
@@ -198,7 +182,7 @@ static g4_status qat_find(void *ctx, const char *name, g4_tensor_ref *out, int *
     if (!t) return G4_OK;
     *found = 1;
     out->file = s->st.file_names[t->file];
-    if (is_float(t->dtype) || n < 7 || strcmp(name + n - 7, ".weight")) return dense_ref(out->file, t, out, err);
+    if (is_float(t->dtype) || n < 7 || strcmp(name + n - 7, ".weight")) return dense_ref(t, out, err);
     /* a quantised linear */
     char base[300];
     snprintf(base, sizeof base, "%s%.*s", pre, (int)(n - 7), name);

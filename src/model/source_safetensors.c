@@ -21,9 +21,13 @@ static g4_status st_find(void *ctx, const char *name, g4_tensor_ref *out, int *f
     *found = t != NULL;
     if (!t) return G4_OK;
     out->file = s->st.file_names[t->file];
+    return g4_st_dense_ref(t, out, "F32, F16 or BF16", err);
+}
+
+g4_status g4_st_dense_ref(const g4_st_tensor *t, g4_tensor_ref *out, const char *expect, g4_error *err) {
     if (g4_wtype_of_dtype(t->dtype) == G4_W_COUNT)
-        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected F32, F16 or BF16", out->file,
-                       out->name, g4_dtype_name(t->dtype));
+        return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' has dtype %s; expected %s", out->file, out->name,
+                       g4_dtype_name(t->dtype), expect);
     if (t->ndim < 1)
         return g4_fail(err, G4_ERR_TENSOR, "%s: tensor '%s' is a scalar; expected a vector or matrix", out->file,
                        out->name);
