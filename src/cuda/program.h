@@ -124,7 +124,7 @@ typedef struct g4c_in {
 typedef struct g4c_op {
     int kind, cls;
     int lm;               /* tokens [lm_from, M) only; no rows when the launch wants no logits */
-    int split;            /* matmul: warps per row team (1, 2, 4, 8 or 16; from the shape only) */
+    int split;            /* matmul: warps per row team (a power of two dividing the block's warps; from the shape only) */
     int pf_next;          /* index of the next matmul stage (its first rows are prefetched into
                              L2 while this stage and the barrier run), -1: none */
     /* matmul */
