@@ -59,13 +59,14 @@ static int cmp_u64(const void *a, const void *b) {
  * barrier; weight GB/s of the matmul kinds over their spans. */
 static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local, int skip, int detail, int restore_ev,
                         int restore_local) {
-    static const char *names[] = {"embed", "matmul", "heads", "attn", "combine", "ple", "moe_route", "expert",
+    static const char *names[] = {"embed", "matmul", "heads", "attn", "ple", "moe_route", "expert",
                                   "moe_comb", "c_topk", "c_score", "c_fill"};
-    enum { NK = 12 };
+    enum { NK = 11 };
     g4_error err = {0};
     int grid = 0, n = 0;
     g4_cuda_describe(s->cuda, &grid, &n, NULL, NULL);
-    unsigned long long *st = malloc(sizeof *st * (size_t)n * grid * 4), *tmp = malloc(sizeof *tmp * (size_t)grid);
+    unsigned long long *st = malloc(sizeof *st * (size_t)n * grid * 4), *tmp = malloc(sizeof *tmp * (size_t)grid),
+                       *t2 = malloc(sizeof *t2 * (size_t)grid);
     int *kinds = malloc(sizeof(int) * (size_t)n);
     double *wb = malloc(sizeof(double) * (size_t)n);
     g4_cuda_set_mode(s->cuda, ev, local);
@@ -94,15 +95,9 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
             if (r[b * 4 + 1] > emax) emax = r[b * 4 + 1];
         }
         qsort(tmp, (size_t)grid, sizeof *tmp, cmp_u64);
-        unsigned long long in_sorted = 0, in_max = 0;
-        {
-            unsigned long long *t2 = malloc(sizeof *t2 * (size_t)grid);
-            for (int b = 0; b < grid; b++) t2[b] = r[b * 4 + 2];
-            qsort(t2, (size_t)grid, sizeof *t2, cmp_u64);
-            in_sorted = t2[grid / 2];
-            in_max = t2[grid - 1];
-            free(t2);
-        }
+        for (int b = 0; b < grid; b++) t2[b] = r[b * 4 + 2];
+        qsort(t2, (size_t)grid, sizeof *t2, cmp_u64);
+        const unsigned long long in_sorted = t2[grid / 2], in_max = t2[grid - 1];
         const unsigned long long next = i + 1 < n ? st[(size_t)(i + 1) * grid * 4] : emax;
         const double sp = (double)(next - r[0]) / 1e3, md = tmp[grid / 2] / cpn / 1e3, mx = tmp[grid - 1] / cpn / 1e3;
         const double in = in_sorted / cpn / 1e3, wt = (double)(next > emax ? next - emax : 0) / 1e3;
@@ -133,6 +128,7 @@ done:
     g4_cuda_set_mode(s->cuda, restore_ev, restore_local);
     free(st);
     free(tmp);
+    free(t2);
     free(kinds);
     free(wb);
 }

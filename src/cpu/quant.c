@@ -438,6 +438,19 @@ static size_t split_slot(int nb, int bits, int b, size_t *chunk_stride) {
     return (size_t)g * 64 * (size_t)bits + 4 * (size_t)(b % 16);
 }
 
+/* Block codes u into their slots (dst: the block's slot in chunk 0, cs: the chunk stride): chunk
+ * c, byte t holds steps s = c·per .. c·per + per − 1 (elements 4s + t), step j at bit j·bits
+ * (per = 8 / bits codes to a byte). */
+static inline __attribute__((always_inline)) void split_put(uint8_t *dst, size_t cs, const uint8_t *u, const int bits) {
+    const int per = 8 / bits;
+    for (int c = 0; c < bits; c++)
+        for (int t = 0; t < 4; t++) {
+            unsigned v = 0;
+            for (int j = 0; j < per; j++) v |= (unsigned)u[4 * (c * per + j) + t] << (j * bits);
+            dst[(size_t)c * cs + (size_t)t] = (uint8_t)v;
+        }
+}
+
 void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
     int bits = repack_bits(w);
     int nb = w->cols / 32;
@@ -479,27 +492,15 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
                     u[e] = blk[bb - 16 + e] & 15;
                     u[16 + e] = blk[bb - 16 + e] >> 4;
                 }
-            } else if (bits == 8) {
-                for (int i = 0; i < 32; i++) u[i] = (uint8_t)(p[32 * b + i] ^ (flip ? 0x80 : 0));
-            } else if (bits == 4) { /* a 4-bit LSB-first stream: byte i holds codes 2i (low) and 2i + 1 */
-                for (int i = 0; i < 16; i++) {
-                    u[2 * i] = p[16 * b + i] & 15;
-                    u[2 * i + 1] = p[16 * b + i] >> 4;
-                }
-            } else { /* a 2-bit LSB-first stream: byte i holds codes 4i .. 4i + 3 from bit 0 */
-                for (int i = 0; i < 32; i++) u[i] = (uint8_t)(p[8 * b + i / 4] >> (2 * (i % 4)) & 3);
+            } else { /* an LSB-first stream of `bits`-bit codes: code i at bit i·bits */
+                for (int i = 0; i < 32; i++)
+                    u[i] = (uint8_t)((p[4 * bits * b + i * bits / 8] >> (i * bits % 8) & ((1 << bits) - 1)) ^ (flip ? 0x80 : 0));
             }
             size_t cs, at = split_slot(nb, bits, b, &cs);
-            if (bits == 8) {
-                for (int c = 0; c < 8; c++) memcpy(dst + at + (size_t)c * cs, u + 4 * c, 4);
-            } else if (bits == 4) {
-                for (int c = 0; c < 4; c++)
-                    for (int t = 0; t < 4; t++) dst[at + (size_t)c * cs + (size_t)t] = (uint8_t)(u[8 * c + t] | u[8 * c + 4 + t] << 4);
-            } else {
-                for (int c = 0; c < 2; c++)
-                    for (int t = 0; t < 4; t++)
-                        dst[at + (size_t)c * cs + (size_t)t] =
-                            (uint8_t)(u[16 * c + t] | u[16 * c + 4 + t] << 2 | u[16 * c + 8 + t] << 4 | u[16 * c + 12 + t] << 6);
+            switch (bits) { /* constant widths: the loops unroll (repacking is load time) */
+            case 8: split_put(dst + at, cs, u, 8); break;
+            case 4: split_put(dst + at, cs, u, 4); break;
+            default: split_put(dst + at, cs, u, 2); break;
             }
         }
     }
@@ -509,20 +510,9 @@ void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out) {
 void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]) {
     const uint8_t *p = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
     size_t cs, at = split_slot(w->cols / 32, w->bits, b, &cs);
-    if (w->bits == 8) {
-        for (int c = 0; c < 8; c++) memcpy(u + 4 * c, p + at + (size_t)c * cs, 4);
-    } else if (w->bits == 4) {
-        for (int c = 0; c < 4; c++)
-            for (int t = 0; t < 4; t++) {
-                uint8_t v = p[at + (size_t)c * cs + (size_t)t];
-                u[8 * c + t] = v & 15;
-                u[8 * c + 4 + t] = v >> 4;
-            }
-    } else {
-        for (int c = 0; c < 2; c++)
-            for (int t = 0; t < 4; t++) {
-                uint8_t v = p[at + (size_t)c * cs + (size_t)t];
-                for (int j = 0; j < 4; j++) u[16 * c + 4 * j + t] = v >> (2 * j) & 3;
-            }
+    const int bits = w->bits, per = 8 / bits;
+    for (int i = 0; i < 32; i++) {
+        const int s = i / 4;
+        u[i] = (uint8_t)(p[at + (size_t)(s / per) * cs + (size_t)(i % 4)] >> (s % per * bits) & ((1 << bits) - 1));
     }
 }

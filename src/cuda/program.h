@@ -68,8 +68,8 @@ enum {
     G4C_OP_EMBED,        /* x0[m] = E[tok_m] * scale */
     G4C_OP_MATMUL,       /* rows of up to G4C_MAXPART matrices over one staged input */
     G4C_OP_HEADS,        /* q_norm + rope; k_norm + rope, weightless v norm -> staging / cache */
-    G4C_OP_ATTN,         /* softmax(q K^T) V over one chunk of visible keys */
-    G4C_OP_ATTN_COMBINE, /* unused: the last chunk of a query head combines its partials (ATTN) */
+    G4C_OP_ATTN,         /* softmax(q K^T) V over one chunk of visible keys; the last chunk of a
+                            query head to finish combines the head's chunk partials */
     G4C_OP_PLE,          /* per-layer inputs from the projection and the gathered table row */
     G4C_OP_MOE_ROUTE,    /* router softmax, top-k, weights; x2 = rms_w(pre_ffn_2)(x1) */
     G4C_OP_EXPERT,       /* top-k expert matmuls (gate/up pairs or down) */
@@ -146,7 +146,6 @@ typedef struct g4c_op {
     /* heads + attention */
     int n_heads, n_kv, d, is_full, window, pairs, qkv_own, k_eq_v, cap_rows;
     int drafter;          /* query position is params.qpos; every key comes from the cache */
-    float theta;
     const double *rope_inv; /* [d / 2] theta^(-2i/d), computed by the host as the CPU does */
     const float *rope_cs;   /* [n_ctx][pairs][2] cos, sin of pos·rope_inv[i]; NULL: computed in place */
     float *q;             /* [m][n_heads * d] */

@@ -316,6 +316,11 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
 
 /* ---- activations and caches ------------------------------------------------------------------------ */
 
+/* layers whose RoPE (head dim, theta, rotated pairs) is the same share a table */
+static int same_rope(const g4_layer_config *a, const g4_layer_config *b) {
+    return a->head_dim == b->head_dim && a->rope_theta == b->rope_theta && a->rope_pairs == b->rope_pairs;
+}
+
 static void layout_scratch(g4_cuda *c, bump *b) {
     const g4_config *cf = &c->m->cfg;
     int B = c->max_batch, H = cf->hidden, L = cf->n_layers, nH = cf->n_heads, V = cf->vocab, P = cf->ple_width;
@@ -383,7 +388,7 @@ static void layout_scratch(g4_cuda *c, bump *b) {
         int src = i;
         for (int j = 0; j < i && src == i; j++) {
             const g4_layer_config *o = &cf->layers[j];
-            if (o->head_dim == l->head_dim && o->rope_theta == l->rope_theta && o->rope_pairs == l->rope_pairs) src = j;
+            if (same_rope(o, l)) src = j;
         }
         c->rope_src[(size_t)i] = src;
         c->rope_cs[(size_t)i] = src == i ? TAKE(b, float, (size_t)c->n_ctx * 2 * (l->rope_pairs > 0 ? l->rope_pairs : 1))
@@ -516,7 +521,6 @@ static void build_target(g4_cuda *c) {
         hd.n_kv = nkv;
         hd.d = d;
         hd.pairs = lc->rope_pairs;
-        hd.theta = lc->rope_theta;
         hd.rope_inv = w->rope_inv;
         hd.rope_cs = c->rope_cs[(size_t)l];
         hd.qkv_own = own;
@@ -1083,10 +1087,9 @@ static void build_drafter(g4_cuda *c, const g4_drafter *d) {
         hd.n_kv = tl->n_kv_heads;
         hd.d = dd;
         hd.pairs = lc->rope_pairs;
-        hd.theta = lc->rope_theta;
         hd.rope_inv = w->rope_inv;
         for (int t = 0; t < tc->n_layers && !hd.rope_cs; t++)
-            if (tc->layers[t].head_dim == dd && tc->layers[t].rope_theta == lc->rope_theta && tc->layers[t].rope_pairs == lc->rope_pairs)
+            if (same_rope(&tc->layers[t], lc))
                 hd.rope_cs = c->rope_cs[(size_t)t];
         hd.q = c->d_q;
         hd.q_norm = w->q_norm;
