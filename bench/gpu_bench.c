@@ -10,7 +10,7 @@
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
- *                  [--mode evict_first,op_local] [--no-breakdown] */
+ *                  [--mode evict_first,op_local] [--no-breakdown] [--trace-m M] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +45,7 @@ static double kv_bytes(const g4_model *m, int pos) {
 
 typedef struct {
     const char *storage, *tune, *ctx, *trace;
-    int breakdown;
+    int breakdown, trace_m; /* --trace-m: tokens per traced step (a verify block when > 1) */
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
 } bench_opts;
 
@@ -57,7 +57,7 @@ static int cmp_u64(const void *a, const void *b) {
 /* One traced M=1 step at ctx 128 under a mode: per stage kind, the stage's span (start to the next
  * stage's start), the median and slowest block's work, the input tile (matmuls) and the wait at the
  * barrier; weight GB/s of the matmul kinds over their spans. */
-static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local, int skip, int detail, int restore_ev,
+static void trace_table(g4_session *s, const int32_t *prompt, int M, int ev, int local, int skip, int detail, int restore_ev,
                         int restore_local) {
     static const char *names[] = {"embed", "matmul", "heads", "attn", "ple", "moe_route", "expert",
                                   "moe_comb", "c_topk", "c_score", "c_fill"};
@@ -73,7 +73,7 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
     g4_cuda_set_skip(s->cuda, skip);
     g4_session_reset(s);
     if (g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
-        g4_cuda_trace(s->cuda, 128, prompt + 128, 1, st, kinds, wb, &err)) {
+        g4_cuda_trace(s->cuda, 128, prompt + 128, M, st, kinds, wb, &err)) {
         fprintf(stderr, "trace: %s\n", err.message);
         goto done;
     }
@@ -114,8 +114,8 @@ static void trace_table(g4_session *s, const int32_t *prompt, int ev, int local,
             printf("      stage %3d %-9s span %7.1f us  work med %6.1f max %6.1f  input %5.1f (max %5.1f)  wait %5.1f  %6.2f MB %7.0f GB/s\n", i,
                    names[k], sp, md, mx, in, in_max / cpn / 1e3, wt, wb[i] / 1e6, sp > 0 ? wb[i] / (sp * 1e3) : 0.0);
     }
-    printf("    trace M=1 ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end (SM clock %.2f GHz)\n",
-           ev, local, skip, (double)(t_last - t_first) / 1e6, cpn);
+    printf("    trace M=%d ctx 128, evict_first=%d op_local=%d skip=%d: %.3f ms from the first stage's start to the last's end (SM clock %.2f GHz)\n",
+           M, ev, local, skip, (double)(t_last - t_first) / 1e6, cpn);
     printf("      %-9s %4s %9s %9s %9s %9s %9s %9s %8s\n", "kind", "n", "total ms", "span us", "work med", "work max",
            "input", "wait", "GB/s");
     for (int k = 0; k < NK; k++)
@@ -248,7 +248,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             }
             g4_cuda_set_rep(s->cuda, rep);
             if (rep) printf("    (every stage run %d times, the last timed: warm code and small data)\n", rep + 1);
-            trace_table(s, prompt, ev, local, skip, detail, bo->evict_first, bo->op_local);
+            trace_table(s, prompt, bo->trace_m, ev, local, skip, detail, bo->evict_first, bo->op_local);
             g4_cuda_set_rep(s->cuda, 0);
         }
     }
@@ -299,7 +299,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
 int main(int argc, char **argv) {
     const char *archs = "e2b,e4b";
     int n_tok = 128, n_layers = 0;
-    bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .trace = NULL, .breakdown = 1,
+    bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .trace = NULL, .breakdown = 1, .trace_m = 1,
                      .evict_first = 1, .op_local = 1};
     setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut short by a time limit still shows how far it got */
     for (int i = 1; i < argc; i++) {
@@ -309,6 +309,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) bo.ctx = argv[++i];
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) bo.trace = argv[++i];
         else if (!strcmp(argv[i], "--no-breakdown")) bo.breakdown = 0;
+        else if (!strcmp(argv[i], "--trace-m") && i + 1 < argc) bo.trace_m = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
         }
@@ -316,7 +317,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--no-breakdown]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--no-breakdown] [--trace-m M]\n");
             return 2;
         }
     }

@@ -19,6 +19,9 @@
 
 #include "cuda/internal.h"
 
+#ifndef G4C_U_MT4
+#define G4C_U_MT4 8 /* chunks per row a lane loads ahead in the 2..4-token tiles (Q4: half) */
+#endif
 #define DEV static __device__ __forceinline__
 #define DEVR static __device__ __noinline__ /* rare paths: out of line */
 /* The stage functions: inlined into the kernel (default: no calls, so no callee-saved registers
@@ -69,6 +72,13 @@ DEV void pf_l2(const void *p, long long bytes) {
         bytes -= n;
     }
 }
+
+/* 16 bytes global -> shared without registers (cached in L2 only, like __ldcg); complete after
+ * cp_wait() in the issuing thread, visible to the block after a __syncthreads */
+DEV void cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+DEV void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 DEV int px(int i) { return i + ((i >> 5) << 2); } /* padded input-tile index (program.h) */
 
@@ -207,7 +217,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? 4 : 8) : (T == G4C_Q4 ? 2 : 4);
+    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? 4 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? 2 : 4);
     const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
     const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
@@ -352,6 +362,116 @@ DEV tail_t tail_of(float *sm, const g4c_params &p) {
 }
 
 /* ---- the input tile ------------------------------------------------------------------------------ */
+
+/* Block sums in double of several rows, each exactly as block_sum_d sums one value: red_put (every
+ * thread, row m) does the warp butterfly and keeps the warp's sum in red[warp][m]; after a
+ * __syncthreads, red_get adds the warp sums in warp order. red: [WARPS][G4C_MT]. */
+DEV void red_put(double v, int m, double *red) {
+    v = warp_sum_d(v);
+    if ((threadIdx.x & 31) == 0) red[(threadIdx.x >> 5) * G4C_MT + m] = v;
+}
+DEV double red_get(int m, const double *red) {
+    double s = 0;
+    for (int w = 0; w < G4C_WARPS; w++) s += red[w * G4C_MT + m];
+    return s;
+}
+
+/* The input tile of mt > 1 rows (plain or normed) at once: every row's x (and residual addend t),
+ * and the two norm weights, copied into shared memory together (t at sm + mt·ldk, then t_w and
+ * norm_w; asynchronous copies, all in flight at once), then each reduction of all rows in one pass, every
+ * operand read from shared memory (few live registers: this is inlined into a kernel at its
+ * register limit). Per element and per row the arithmetic and the reduction order are load_input's
+ * (thread tid owns the float4s tid + k·G4C_THREADS of every row), so the tile is bitwise the one
+ * the row-at-a-time path builds. The caller checks the fit (load_rows_floats). red: two
+ * [WARPS][G4C_MT] double scratch arrays. */
+DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
+    return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
+}
+DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p) {
+    const int tid = threadIdx.x, K4 = K / 4, ldk = G4C_TILE_LD(K);
+    const bool writer = blockIdx.x == 0, norm = in.kind == G4C_IN_NORM;
+    const bool has_t = norm && in.t, has_n = norm && in.norm != G4C_NORM_NONE;
+    float *tst = sm + (size_t)mt * ldk, *tws = tst + (size_t)mt * K, *nws = tws + K;
+    double *red1 = red, *red2 = red + G4C_WARPS * G4C_MT;
+    /* every row's x, t rows, t_w, norm_w: all copies in flight at once (no registers held) */
+#pragma unroll 1
+    for (int f = tid; f < mt * K4; f += G4C_THREADS) {
+        const int m = f / K4, c = f - m * K4;
+        cp16(sm + (size_t)m * ldk + px(4 * c), in.x + (size_t)(t0 + m) * in.ldx + 4 * c);
+        if (has_t) cp16(tst + (size_t)m * K + 4 * c, in.t + (size_t)(t0 + m) * K + 4 * c);
+    }
+#pragma unroll 1
+    for (int c = tid; c < K4; c += G4C_THREADS) {
+        if (has_t) cp16(tws + 4 * c, in.t_w + 4 * c);
+        if (has_n) cp16(nws + 4 * c, in.norm_w + 4 * c);
+    }
+    cp_wait();
+    __syncthreads();
+    if (!norm) return;
+    constexpr int N4 = G4C_IN_NPT / 4;
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (has_t) { /* residual: v += rms_w(t_w)(t) */
+#pragma unroll 1
+        for (int m = 0; m < mt; m++) {
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                ss += sq4(c < K4 ? *reinterpret_cast<const float4 *>(tst + (size_t)m * K + 4 * c) : z4);
+            }
+            red_put(ss, m, red1);
+        }
+        __syncthreads();
+    }
+#pragma unroll 1
+    for (int m = 0; m < mt; m++) {
+        const float inv = has_t ? rms_inv(red_get(m, red1), K, p.eps) : 0.0f;
+        const int tm = t0 + m;
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            float4 xv = c < K4 ? *reinterpret_cast<const float4 *>(sm + (size_t)m * ldk + px(4 * c)) : z4;
+            if (has_t) {
+                const float4 tv = c < K4 ? *reinterpret_cast<const float4 *>(tst + (size_t)m * K + 4 * c) : z4;
+                const float4 tw = c < K4 ? *reinterpret_cast<const float4 *>(tws + 4 * c) : z4;
+                xv.x = xv.x + tv.x * inv * tw.x;
+                xv.y = xv.y + tv.y * inv * tw.y;
+                xv.z = xv.z + tv.z * inv * tw.z;
+                xv.w = xv.w + tv.w * inv * tw.w;
+            }
+            if (in.has_scalar) xv = make_float4(xv.x * in.scalar, xv.y * in.scalar, xv.z * in.scalar, xv.w * in.scalar);
+            if (c < K4) {
+                if (writer && in.x_out) reinterpret_cast<float4 *>(in.x_out + (size_t)tm * K)[c] = xv;
+                if (writer && in.dbg) reinterpret_cast<float4 *>(in.dbg + (size_t)tm * K)[c] = xv;
+                *reinterpret_cast<float4 *>(sm + (size_t)m * ldk + px(4 * c)) = xv;
+            }
+            ss += sq4(xv);
+        }
+        if (has_n) red_put(ss, m, red2);
+    }
+    if (has_n) {
+        __syncthreads();
+        const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
+#pragma unroll 1
+        for (int m = 0; m < mt; m++) {
+            const float iv = rms_inv(red_get(m, red2), K, p.eps);
+            const int tm = t0 + m;
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                if (c >= K4) continue;
+                float4 xv = *reinterpret_cast<const float4 *>(sm + (size_t)m * ldk + px(4 * c));
+                const float4 nw = *reinterpret_cast<const float4 *>(nws + 4 * c);
+                xv = make_float4(xv.x * iv * f * nw.x, xv.y * iv * f * nw.y, xv.z * iv * f * nw.z, xv.w * iv * f * nw.w);
+                if (writer && in.normed_out)
+                    reinterpret_cast<float4 *>(in.normed_out + (size_t)tm * K + (size_t)step * in.normed_step)[c] = xv;
+                *reinterpret_cast<float4 *>(sm + (size_t)m * ldk + px(4 * c)) = xv;
+            }
+        }
+    }
+    __syncthreads();
+}
 
 /* Rows t0 .. t0+mt-1 of the stage's input into sm[m * K ...], transformed as the stage asks. Every
  * block computes the same values; block 0 also writes the ones the rest of the program needs.
@@ -717,7 +837,10 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
-        load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
+        if (mt > 1 && op->in.kind != G4C_IN_CONCAT && load_rows_floats(op->in, K, mt) <= (size_t)p.smem_in_floats)
+            load_rows(op->in, K, t0, mt, step, sm, (double *)tl.tp, p);
+        else
+            load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if (sh.total) {
             if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);
@@ -906,27 +1029,13 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         {
             const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
             const size_t off = (size_t)g * d + 4 * c4;
-            if (tid < d4) reinterpret_cast<float4 *>(qs)[tid] = lda4(qsrc + 4 * tid);
+            if (tid < d4) cp16(qs + 4 * tid, qsrc + 4 * tid);
 #pragma unroll 1
-            for (int jb = j0 < rpp ? j0 : n; jb < n; jb += 4 * rpp) {
-                float4 kx[4], vx[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int j = jb + u * rpp;
-                    if (j < n) {
-                        kx[u] = lda4(kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
-                        vx[u] = lda4(kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int j = jb + u * rpp;
-                    if (j < n) {
-                        reinterpret_cast<float4 *>(ks)[(size_t)j * d4 + c4] = kx[u];
-                        reinterpret_cast<float4 *>(vsm)[(size_t)j * d4 + c4] = vx[u];
-                    }
-                }
+            for (int j = j0 < rpp ? j0 : n; j < n; j += rpp) { /* every copy in flight at once */
+                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
+                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
             }
+            cp_wait();
         }
         __syncthreads();
         if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
@@ -1300,6 +1409,8 @@ DEVR void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
 
 static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 4 * 4 * G4C_WARPS * G4C_MT <= 4096,
               "reduction scratch overlaps the stage copies");
+static_assert((256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16) % 8 == 0 && 2 * 8 * G4C_WARPS * G4C_MT <= 4 * 4 * G4C_WARPS * G4C_MT,
+              "load_rows' double sums do not fit the team-partials scratch");
 static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
 
 __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
