@@ -153,19 +153,21 @@ DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / 
 /* Barrier k of a launch on a grid of G blocks completes when the arrival counter reaches
  * base + (k+1)·G, base being its value when the launch began (a multiple of G: every launch adds
  * G per barrier; a block reading it late still rounds down to it, since barrier 0 cannot complete
- * without that block). One fire-and-forget atomic per block, then polling; no reset (the 64-bit
- * counter never wraps in practice). While thread 0 waits, the other threads copy the next stage's
+ * without that block). One fire-and-forget release reduction per block, relaxed polling, one
+ * acquire fence (measured on the H200: ~0.2 us less per barrier than __threadfence, atomicAdd,
+ * __threadfence); no reset (the 64-bit counter never wraps in practice). While thread 0 waits, the other threads copy the next stage's
  * g4c_op (next not NULL) into shared memory (`into`), so its fields are read at shared-memory
  * latency instead of by a chain of dependent global loads. */
 DEV void grid_sync(g4c_ctl *ctl, unsigned long long target, const g4c_op *next, g4c_op *into) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(&ctl->bar, 1ull); /* result unused: a reduction, no round trip */
+        /* arrival: a release reduction (cumulative: it publishes the writes the block's threads made
+         * before the __syncthreads); polling relaxed, then one acquire fence */
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&ctl->bar) : "memory");
         volatile unsigned long long *b = &ctl->bar;
         while (*b < target) {
         }
-        __threadfence();
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
     } else if (next) {
         constexpr int W = (int)(sizeof(g4c_op) / 4);
         const int *src = reinterpret_cast<const int *>(next);
