@@ -113,6 +113,12 @@ static void check_fixture(const char *arg, int n_gen) {
         g4_model_free(m);
         return;
     }
+    if (mref) { /* sqrt(H) and sqrt(P) are rounded to the checkpoint's float dtype (bf16 for the
+                   quantised files, f32 for their dequantised copy): the reference takes the
+                   quantised model's, or the two would differ by up to 0.5 logits from that alone */
+        mref->embed_scale = m->embed_scale;
+        mref->ple_embed_scale = m->ple_embed_scale;
+    }
     g4_model *mc = mref ? mref : m; /* what the CPU runs */
     g4_model_info info;
     g4_model_get_info(m, &info);
