@@ -1,8 +1,10 @@
 /* The exactness contract on the fixture models: logits are bitwise identical for any chunking of
  * the prompt and any thread count; greedy generation through the API reproduces the reference. */
 #include <cjson/cJSON.h>
+#include <math.h>
 
 #include "g4.h"
+#include "model/model.h"
 #include "test_util.h"
 
 static const char *models[] = {"e2b-mini", "e4b-mini", "moe-mini", "dense-mini", "unified-mini"};
@@ -163,12 +165,101 @@ static void test_two_engines(void **state) {
     free_reference(&r);
 }
 
+/* Attention over more keys than one work chunk (forward.c splits keys at multiples of 256 and
+ * merges the chunks' softmax partials): every full-attention layer's output at positions past
+ * one, two and three chunks equals a plain double-precision softmax(q·K)·V over the dumped q, K, V. */
+enum { LA_N = 600 };
+typedef struct {
+    int L, nq, nkv;
+    float *q, *k, *v, *o; /* [L][LA_N][nq or nkv] */
+} la_dump;
+
+static void la_cb(void *user, const char *name, int layer, int pos, const float *data, int n) {
+    la_dump *d = user;
+    if (layer < 0 || pos >= LA_N) return;
+    float *dst = !strcmp(name, "q") ? d->q : !strcmp(name, "k") ? d->k : !strcmp(name, "v") ? d->v : !strcmp(name, "attn_out") ? d->o : NULL;
+    if (!dst) return;
+    const int w = dst == d->k || dst == d->v ? d->nkv : d->nq;
+    assert_true(n <= w);
+    memcpy(dst + ((size_t)layer * LA_N + pos) * w, data, sizeof(float) * (size_t)n);
+}
+
+static void test_long_attention(void **state) {
+    (void)state;
+    const char *names[] = {"e2b-mini", "dense-mini"};
+    for (size_t k = 0; k < 2; k++) {
+        g4_model *m = load_model(names[k]);
+        const g4_config *c = &m->cfg;
+        la_dump d = {.L = c->n_layers};
+        for (int i = 0; i < c->n_layers; i++) {
+            int d_ = c->layers[i].head_dim;
+            if (c->n_heads * d_ > d.nq) d.nq = c->n_heads * d_;
+            if (c->layers[i].n_kv_heads * d_ > d.nkv) d.nkv = c->layers[i].n_kv_heads * d_;
+        }
+        d.q = calloc((size_t)d.L * LA_N * d.nq, sizeof(float));
+        d.o = calloc((size_t)d.L * LA_N * d.nq, sizeof(float));
+        d.k = calloc((size_t)d.L * LA_N * d.nkv, sizeof(float));
+        d.v = calloc((size_t)d.L * LA_N * d.nkv, sizeof(float));
+        g4_session *s = NULL;
+        g4_error err = {0};
+        assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = LA_N + 8, .n_threads = 2, .max_batch = 64}, &s, &err), G4_OK);
+        assert_int_equal(g4_session_set_dump(s, la_cb, &d, NULL, -1), G4_OK);
+        int32_t toks[LA_N];
+        uint32_t x = 7;
+        for (int i = 0; i < LA_N; i++) {
+            x = x * 1664525u + 1013904223u;
+            toks[i] = 3 + (int32_t)((x >> 8) % (uint32_t)(c->vocab - 3));
+        }
+        assert_int_equal(g4_session_forward(s, toks, LA_N, G4_LOGITS_NONE, NULL, &err), G4_OK);
+        int checked = 0;
+        const int at[] = {255, 256, 511, 512, LA_N - 1};
+        for (int li = 0; li < c->n_layers; li++) {
+            const g4_layer_config *l = &c->layers[li];
+            if (!l->is_full) continue;
+            const int dd = l->head_dim, group = c->n_heads / l->n_kv_heads, src = l->kv_source;
+            for (size_t a = 0; a < sizeof at / sizeof *at; a++) {
+                const int p = at[a];
+                double err_max = 0;
+                for (int h = 0; h < c->n_heads; h++) {
+                    const float *q = d.q + ((size_t)li * LA_N + p) * d.nq + (size_t)h * dd;
+                    double *sc = malloc(sizeof(double) * (size_t)(p + 1)), mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= p; j++) {
+                        const float *kr = d.k + ((size_t)src * LA_N + j) * d.nkv + (size_t)(h / group) * dd;
+                        double t = 0;
+                        for (int i = 0; i < dd; i++) t += (double)q[i] * kr[i];
+                        sc[j] = t;
+                        mx = t > mx ? t : mx;
+                    }
+                    for (int j = 0; j <= p; j++) sum += sc[j] = exp(sc[j] - mx);
+                    for (int i = 0; i < dd; i++) {
+                        double o = 0;
+                        for (int j = 0; j <= p; j++) o += sc[j] * d.v[((size_t)src * LA_N + j) * d.nkv + (size_t)(h / group) * dd + i];
+                        const double got = d.o[((size_t)li * LA_N + p) * d.nq + (size_t)h * dd + i];
+                        err_max = fmax(err_max, fabs(got - o / sum));
+                    }
+                    free(sc);
+                }
+                if (err_max > 2e-5) fail_msg("%s layer %d pos %d: attention differs from the plain softmax by %.3g", names[k], li, p, err_max);
+                checked++;
+            }
+        }
+        assert_true(checked > 0);
+        g4_session_free(s);
+        free(d.q);
+        free(d.o);
+        free(d.k);
+        free(d.v);
+        g4_model_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_greedy_generation),
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_two_engines),
+        cmocka_unit_test(test_long_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,17 @@
 #include "cpu/act.h"
 #include "util/error.h"
 
+/* Attention work split (attention_range): keys in chunks of ATT_CHUNK absolute positions, query
+ * heads of one KV head in sub-groups of at most ATT_SUB; per-thread scratch: the sub-group's
+ * scores of a chunk, its running output and one chunk's output. */
+enum { ATT_CHUNK = 256, ATT_SUB = 4 };
+#define ATT_SCRATCH(dmax) ((size_t)ATT_SUB * ATT_CHUNK + 2 * (size_t)ATT_SUB * (size_t)(dmax))
+static inline int att_sub(int group) {
+    int sub = group;
+    while (sub > ATT_SUB) sub = (sub + 1) / 2;
+    return sub;
+}
+
 /* ---- run state ------------------------------------------------------------------------------ */
 
 static void *zalloc(size_t n, int *fail) {
@@ -85,7 +96,7 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         if (c->ple_width > in) in = c->ple_width;
         s->act_q = zalloc((size_t)B * in * f, &fail);
     }
-    s->scores = zalloc((size_t)n_threads * n_ctx * f, &fail);
+    s->scores = zalloc((size_t)n_threads * ATT_SCRATCH(2 * s->max_half) * f, &fail);
     s->rope_cs = zalloc((size_t)B * s->n_rope * 2 * s->max_half * f, &fail);
     if (P) {
         s->ple = zalloc((size_t)B * L * P * f, &fail);
@@ -184,42 +195,72 @@ static inline int kv_run(const g4_state *s, int src, int k, int p) {
 }
 
 
-/* One (token, head) pair per item: scores over the visible keys in ascending position order,
- * softmax, weighted sum of V. Scale 1.0 (q and k are RMS-normed). */
+/* One item per (token, KV head, sub-group of at most ATT_SUB of its query heads): the visible keys
+ * in chunks at absolute multiples of ATT_CHUNK positions, in ascending order. Per chunk: the
+ * sub-group's scores as one small product (the chunk's K rows read once for all its heads), per
+ * head a softmax within the chunk and the weighted sum of V (the chunk's V rows stay in L2 across
+ * the heads); chunks merge into a running (max, sum, output) in chunk order, then out = acc / sum.
+ * The chunking depends on the position only, never on M or the thread count, so every (token,
+ * head) sees the same operations (exactness contract). Scale 1.0 (q and k are RMS-normed). */
 static void attention_range(void *ctx, int i0, int i1, int tid) {
     const attn_job *j = ctx;
     g4_state *s = j->s;
     const g4_config *c = &s->m->cfg;
     const g4_layer_config *l = &c->layers[j->layer];
-    int nH = c->n_heads, d = l->head_dim, group = nH / l->n_kv_heads;
-    size_t row = (size_t)l->n_kv_heads * d, nq = (size_t)nH * d;
-    float *sc = s->scores + (size_t)tid * s->n_ctx;
+    const int nH = c->n_heads, d = l->head_dim, nkv = l->n_kv_heads, group = nH / nkv;
+    const int sub = att_sub(group), nsub = (group + sub - 1) / sub, dmax = 2 * s->max_half;
+    const size_t row = (size_t)nkv * d, nq = (size_t)nH * d;
+    float *sc = s->scores + (size_t)tid * ATT_SCRATCH(dmax); /* [ATT_SUB][ATT_CHUNK] */
+    float *acc = sc + ATT_SUB * ATT_CHUNK, *co = acc + (size_t)ATT_SUB * dmax; /* [ATT_SUB][dmax] each */
     for (int it = i0; it < i1; it++) {
-        int m = it / nH, h = it % nH, p = s->stage_pos + m;
-        int lo = l->is_full ? 0 : (p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0);
-        const float *qv = s->q + (size_t)m * nq + (size_t)h * d;
-        size_t off = (size_t)(h / group) * d;
-        /* scores over runs of keys contiguous in memory (cache ring up to its wrap, then the
-         * staged rows), each run one matrix-vector product: the same 16-lane dot per key as
-         * g4_dot_f32, four keys per pass */
-        for (int k = lo; k <= p;) {
-            const float *base = kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off;
-            int run = kv_run(s, j->src, k, p);
-            g4_mat km = g4_mat_dense(G4_DT_F32, run, d, base);
-            km.row_bytes = row * sizeof(float);
-            g4_matmul_isa(j->isa, NULL, &km, qv, 1, sc + (k - lo), run);
-            k += run;
+        const int m = it / (nkv * nsub), g = it / nsub % nkv, h0 = g * group + it % nsub * sub;
+        const int nh = group - it % nsub * sub < sub ? group - it % nsub * sub : sub, p = s->stage_pos + m;
+        const int lo = l->is_full ? 0 : (p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0);
+        const int first = lo / ATT_CHUNK * ATT_CHUNK;
+        const float *q0 = s->q + (size_t)m * nq + (size_t)h0 * d;
+        const size_t off = (size_t)g * d;
+        float mx_run[ATT_SUB], sum_run[ATT_SUB];
+        for (int c0 = first; c0 <= p; c0 += ATT_CHUNK) {
+            const int kb = lo > c0 ? lo : c0, ke = p < c0 + ATT_CHUNK - 1 ? p : c0 + ATT_CHUNK - 1, n = ke - kb + 1;
+            /* scores over runs of keys contiguous in memory (cache ring up to its wrap, then the
+             * staged rows): sc[h][k - kb] = q_h · K_k, the same 16-lane dot per key as g4_dot_f32 */
+            for (int k = kb; k <= ke;) {
+                int run = kv_run(s, j->src, k, p);
+                if (run > ke - k + 1) run = ke - k + 1;
+                g4_mat km = g4_mat_dense(G4_DT_F32, run, d, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off);
+                km.row_bytes = row * sizeof(float);
+                g4_matmul_isa(j->isa, NULL, &km, q0, nh, sc + (k - kb), ATT_CHUNK);
+                k += run;
+            }
+            for (int hh = 0; hh < nh; hh++) {
+                float *sh = sc + (size_t)hh * ATT_CHUNK, *o = c0 == first ? acc + (size_t)hh * dmax : co;
+                float mx = -INFINITY;
+                for (int k = 0; k < n; k++) mx = sh[k] > mx ? sh[k] : mx;
+                const float sum = g4_exp_sum_isa(j->isa, sh, mx, sh, n);
+                memset(o, 0, sizeof(float) * d);
+                for (int k = kb; k <= ke;) { /* the weighted sum of V over the same runs */
+                    int run = kv_run(s, j->src, k, p);
+                    if (run > ke - k + 1) run = ke - k + 1;
+                    g4_avsum_isa(j->isa, o, sh + (k - kb), kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
+                    k += run;
+                }
+                if (c0 == first) { /* the first chunk starts the running merge */
+                    mx_run[hh] = mx;
+                    sum_run[hh] = sum;
+                    continue;
+                }
+                const float mn = mx_run[hh] > mx ? mx_run[hh] : mx;
+                const float ea = g4_exp(mx_run[hh] - mn), eb = g4_exp(mx - mn);
+                float *a = acc + (size_t)hh * dmax;
+                for (int i = 0; i < d; i++) a[i] = a[i] * ea + o[i] * eb;
+                sum_run[hh] = sum_run[hh] * ea + sum * eb;
+                mx_run[hh] = mn;
+            }
         }
-        float mx = -INFINITY;
-        for (int k = 0; k <= p - lo; k++) mx = sc[k] > mx ? sc[k] : mx;
-        float sum = g4_exp_sum_isa(j->isa, sc, mx, sc, p - lo + 1);
-        for (int k = 0; k <= p - lo; k++) sc[k] = sc[k] / sum;
-        float *out = s->att + (size_t)m * nq + (size_t)h * d;
-        memset(out, 0, sizeof(float) * d);
-        for (int k = lo; k <= p;) { /* the weighted sum of V over the same contiguous runs */
-            int run = kv_run(s, j->src, k, p);
-            g4_avsum_isa(j->isa, out, sc + (k - lo), kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
-            k += run;
+        for (int hh = 0; hh < nh; hh++) {
+            float *out = s->att + (size_t)m * nq + (size_t)(h0 + hh) * d;
+            const float *a = acc + (size_t)hh * dmax;
+            for (int i = 0; i < d; i++) out[i] = a[i] / sum_run[hh];
         }
     }
 }
@@ -513,7 +554,10 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* attention, o_proj, post_attention_layernorm, residual */
         attn_job aj = {s, li, src, M, g4_isa_best()};
         prof_mark(s, G4_PROF_OTHER);
-        g4_parallel_for(pool, M * nH, 1, attention_range, &aj);
+        {
+            const int nkv = c->layers[li].n_kv_heads, sub = att_sub(nH / nkv);
+            g4_parallel_for(pool, M * nkv * ((nH / nkv + sub - 1) / sub), 1, attention_range, &aj);
+        }
         prof_mark(s, G4_PROF_ATTN);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
         matmul_q(s, pool, &w->wo, s->att, M, s->t, H);

@@ -34,7 +34,7 @@ typedef struct g4_state {
     /* activations, [max_batch][...] */
     float *x, *a, *q, *kv, *att, *t, *ffn, *gate, *up, *ple, *ple_tmp;
     float *act_q;               /* QAT input fake-quantisation copy [max_batch][widest matmul input] */
-    float *scores;              /* [n_threads][n_ctx] */
+    float *scores;              /* attention scratch per thread (forward.c, ATT_SCRATCH) */
     int n_rope;                 /* distinct RoPE kinds */
     g4_rope_kind rope[8];
     int *layer_rope;            /* [L] index into rope */
