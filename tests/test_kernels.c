@@ -688,8 +688,8 @@ static void test_act(void **state) {
     }
     /* the weighted sum of V rows: bitwise a run of axpy calls */
     for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
-        for (int d = 1; d < 200; d += 37) {
-            int nk = 1 + d % 11;
+        for (int d = 1; d < 700; d += d < 200 ? 37 : 131) { /* up to 2 blocks of 256 and tails */
+            int nk = 1 + d % 5;
             memset(y, 0, sizeof(float) * d);
             memset(ref, 0, sizeof(float) * d);
             g4_avsum_isa((g4_isa)isa, y, u, x, (size_t)d + 3, nk, d);

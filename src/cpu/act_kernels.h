@@ -119,9 +119,25 @@ KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
 }
 
 /* y[e] += p[k] · v[k·stride + e] for k = 0..nk-1 in order (a multiply, then an add, per key):
- * the same operations as nk calls of axpy, with y held in registers across the keys. */
+ * the same operations as nk calls of axpy, with y held in registers across the keys. Blocks of
+ * AV_NB vectors (256 floats with AVX-512) first: each key's block is one contiguous run of the
+ * row, and the AV_NB accumulators are independent chains. */
+#define AV_NB (KW == 16 ? 16 : 8)
 KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
     int i = 0;
+    for (; i + AV_NB * KW <= d; i += AV_NB * KW) {
+        VF a[AV_NB];
+#pragma GCC unroll 16
+        for (int b = 0; b < AV_NB; b++) a[b] = *(VF *)(y + i + b * KW);
+        for (int k = 0; k < nk; k++) {
+            const float *vr = v + (size_t)k * stride + i;
+            const VF pk = KN(splat)(p[k]);
+#pragma GCC unroll 16
+            for (int b = 0; b < AV_NB; b++) a[b] = a[b] + pk * *(const VF *)(vr + b * KW);
+        }
+#pragma GCC unroll 16
+        for (int b = 0; b < AV_NB; b++) *(VF *)(y + i + b * KW) = a[b];
+    }
     for (; i + 4 * KW <= d; i += 4 * KW) {
         VF a0 = *(VF *)(y + i), a1 = *(VF *)(y + i + KW), a2 = *(VF *)(y + i + 2 * KW), a3 = *(VF *)(y + i + 3 * KW);
         for (int k = 0; k < nk; k++) {
@@ -150,6 +166,7 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
 #undef KCAT
 #undef KN
 #undef KN16
+#undef AV_NB
 #undef VF
 #undef VI
 #undef KINL

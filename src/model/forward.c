@@ -14,6 +14,7 @@
  * heads of one KV head in sub-groups of at most ATT_SUB; per-thread scratch: the sub-group's
  * scores of a chunk, its running output and one chunk's output. */
 enum { ATT_CHUNK = 256, ATT_SUB = 4 };
+#define ATT_TINY 0x1p-40f
 #define ATT_SCRATCH(dmax) ((size_t)ATT_SUB * ATT_CHUNK + 2 * (size_t)ATT_SUB * (size_t)(dmax))
 static inline int att_sub(int group) {
     int sub = group;
@@ -237,6 +238,11 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
                 float mx = -INFINITY;
                 for (int k = 0; k < n; k++) mx = sh[k] > mx ? sh[k] : mx;
                 const float sum = g4_exp_sum_isa(j->isa, sh, mx, sh, n);
+                /* weights below 2^-40 of the chunk's largest (exactly 1) are invisible in a float
+                 * sum, but their products with V would be subnormal, which costs the CPU a
+                 * microcode assist per operation (measured: attention 52 -> 12 ms per E2B token at
+                 * context 4096): they become 0 */
+                for (int k = 0; k < n; k++) sh[k] = sh[k] < ATT_TINY ? 0.0f : sh[k];
                 memset(o, 0, sizeof(float) * d);
                 for (int k = kb; k <= ke;) { /* the weighted sum of V over the same runs */
                     int run = kv_run(s, j->src, k, p);
@@ -250,7 +256,9 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
                     continue;
                 }
                 const float mn = mx_run[hh] > mx ? mx_run[hh] : mx;
-                const float ea = g4_exp(mx_run[hh] - mn), eb = g4_exp(mx - mn);
+                float ea = g4_exp(mx_run[hh] - mn), eb = g4_exp(mx - mn);
+                ea = ea < ATT_TINY ? 0.0f : ea; /* likewise: no subnormal products in the merge */
+                eb = eb < ATT_TINY ? 0.0f : eb;
                 float *a = acc + (size_t)hh * dmax;
                 for (int i = 0; i < d; i++) a[i] = a[i] * ea + o[i] * eb;
                 sum_run[hh] = sum_run[hh] * ea + sum * eb;
