@@ -285,6 +285,8 @@ static void draft_attend(const g4_state *ts, int src, int kv_off, int d, const f
     memset(out, 0, sizeof(float) * (size_t)d);
     for (int k = lo; k <= qpos; k++) {
         float p = sc[k - lo] / sum;
+        if (p < 0x1p-40f) continue; /* invisible in the sum; its products with V would be subnormal
+                                       (a microcode assist each on the CPU), as in forward.c */
         const float *v = ts->v_cache[src] + (size_t)(k % cap) * row + kv_off;
         for (int e = 0; e < d; e++) out[e] += p * v[e];
     }
