@@ -29,6 +29,14 @@ INLINE float fold16v(__m512 a) {
  * hardware prefetcher alone left DRAM streaming at ~35 % of the measured bandwidth at M = 1. */
 #define PF_DIST 4096
 
+/* The split loops at M = 1 walk SPLIT_STREAMS rows from far-apart parts of a thread's range in
+ * lockstep (one row from each quarter), so each core keeps several independent DRAM streams in
+ * flight while it decodes, and prefetch every stream PF_SPLIT bytes ahead into L1. Measured on the
+ * 2-core AVX-512 machine (262144 x 1536 matrices, 2 threads): Q4_0 30.0 -> 31.8 GB/s, Q8_0 31.4 ->
+ * 33.1 GB/s against 4 adjacent rows with L2 prefetches 4 KB ahead; a plain read of the same
+ * pattern reaches ~35.5 GB/s there, one sequential stream per thread ~32-33. */
+enum { SPLIT_STREAMS = 4, PF_SPLIT = 2048 };
+
 /* ---- float path ----------------------------------------------------------------------------- */
 
 INLINE __m512 load_w16(g4_wtype t, const uint8_t *row, int i) {
@@ -590,6 +598,7 @@ typedef struct {
     const float *sf, *bf;          /* SM_BUF: the row's scales (biases) per block */
     const uint8_t *sraw, *braw;    /* the row's scale (bias) arrays as stored */
     float s_row, b_row;            /* SM_ROW */
+    int row;                       /* the output row */
 } srow;
 
 /* Row r's scales (or biases) expanded to one float per block into out (nb floats), vectorised
@@ -637,7 +646,7 @@ INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, con
     }
 }
 
-INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R, int m0, const int T, const int bits,
+INLINE void split_tile(const g4_rows_args *a, const srow *rw, const int R, int m0, const int T, const int bits,
                        const int add, const int sm) {
     const g4_xprep *xp = a->xp;
     const int nb = xp->nb, nsg = xp->nsg;
@@ -660,8 +669,8 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
             const uint8_t *p = rw[v].codes + (size_t)g * 64 * bits;
             __m512i k[8];
             if (bits == 2) { /* codes stay in place: 4^j·code for j = 0..3, scaled back below */
-                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
 #pragma GCC unroll 2
                 for (int c = 0; c < 2; c++) {
                     __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
@@ -669,21 +678,21 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
                     for (int j = 0; j < 4; j++) k[4 * c + j] = _mm512_and_si512(A, _mm512_set1_epi8((char)(3 << (2 * j))));
                 }
             } else if (bits == 8) {
-                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 256, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 320, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 384, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 448, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 192, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 320, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 384, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 448, _MM_HINT_T0);
 #pragma GCC unroll 8
                 for (int c = 0; c < 8; c++) k[c] = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
             } else {
-                _mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 128, _MM_HINT_T1);
-                _mm_prefetch((const char *)p + PF_DIST + 192, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + PF_SPLIT + 192, _MM_HINT_T0);
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) { /* high nibbles stay in place: 16·code, scaled back below */
                     __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
@@ -735,28 +744,28 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, int r, const int R
 #pragma GCC unroll 4
     for (int v = 0; v < R; v++)
 #pragma GCC unroll 8
-        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + r + v] = fold16v(acc[v][u]);
+        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + rw[v].row] = fold16v(acc[v][u]);
 }
 
 /* One token: R rows at once. Several: one row, its codes unpacked once per tile of up to 8 tokens
  * (more rows per tile would only spill accumulators; activations come from L1 either way). */
-INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int R, const int bits, const int add,
+INLINE void split_rowset(const g4_rows_args *a, const srow *rw, const int R, const int bits, const int add,
                          const int sm) {
     if (a->M == 1) {
-        split_tile(a, rw, r, R, 0, 1, bits, add, sm);
+        split_tile(a, rw, R, 0, 1, bits, add, sm);
         return;
     }
     for (int v = 0; v < R; v++) {
         int m0 = 0;
-        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, r + v, 1, m0, 8, bits, add, sm);
+        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, 1, m0, 8, bits, add, sm);
         switch (a->M - m0) {
-        case 7: split_tile(a, rw + v, r + v, 1, m0, 7, bits, add, sm); break;
-        case 6: split_tile(a, rw + v, r + v, 1, m0, 6, bits, add, sm); break;
-        case 5: split_tile(a, rw + v, r + v, 1, m0, 5, bits, add, sm); break;
-        case 4: split_tile(a, rw + v, r + v, 1, m0, 4, bits, add, sm); break;
-        case 3: split_tile(a, rw + v, r + v, 1, m0, 3, bits, add, sm); break;
-        case 2: split_tile(a, rw + v, r + v, 1, m0, 2, bits, add, sm); break;
-        case 1: split_tile(a, rw + v, r + v, 1, m0, 1, bits, add, sm); break;
+        case 7: split_tile(a, rw + v, 1, m0, 7, bits, add, sm); break;
+        case 6: split_tile(a, rw + v, 1, m0, 6, bits, add, sm); break;
+        case 5: split_tile(a, rw + v, 1, m0, 5, bits, add, sm); break;
+        case 4: split_tile(a, rw + v, 1, m0, 4, bits, add, sm); break;
+        case 3: split_tile(a, rw + v, 1, m0, 3, bits, add, sm); break;
+        case 2: split_tile(a, rw + v, 1, m0, 2, bits, add, sm); break;
+        case 1: split_tile(a, rw + v, 1, m0, 1, bits, add, sm); break;
         default: break;
         }
     }
@@ -765,43 +774,62 @@ INLINE void split_rowset(const g4_rows_args *a, const srow *rw, int r, const int
 /* Blocks per row whose factors are expanded on the stack (beyond: the scalar rows). */
 #define MAX_ROW_BLOCKS 2048
 
+/* Row r's pointers (and SM_ROW / SM_BUF factors) for the split loops. */
+INLINE void split_row_setup(const g4_mat *w, int r, srow *rw, float *tmp, float *sf, float *bf, const int add, const int sm) {
+    size_t ss = g4_dtype_size(w->scale_dtype);
+    size_t base = (size_t)r * w->scale_stride;
+    rw->row = r;
+    rw->codes = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    rw->sraw = (const uint8_t *)w->scales + base * ss;
+    rw->braw = add ? (const uint8_t *)w->biases + base * ss : NULL;
+    if (sm == SM_ROW) {
+        rw->s_row = g4_scale_at(w->scales, w->scale_dtype, base);
+        rw->b_row = add ? g4_scale_at(w->biases, w->scale_dtype, base) : 0;
+    } else if (sm == SM_BUF) {
+        rw->sf = block_factors(w, w->scales, base, tmp, sf);
+        if (rw->sf == tmp) { /* keep the converted row apart from the next one */
+            memcpy(sf, tmp, sizeof(float) * (size_t)(w->cols / 32));
+            rw->sf = sf;
+        }
+        rw->bf = add ? block_factors(w, w->biases, base, tmp, bf) : NULL;
+        if (add && rw->bf == tmp) {
+            memcpy(bf, tmp, sizeof(float) * (size_t)(w->cols / 32));
+            rw->bf = bf;
+        }
+    }
+}
+
 INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int sm) {
     const g4_mat *w = a->w;
-    { /* the loop prefetches PF_DIST ahead: start the first PF_DIST bytes of this range now */
+    float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
+    int S = SPLIT_STREAMS, q = (r1 - r0) / S;
+    if (a->M == 1 && q > 0) {
+        /* one token: S row streams, far apart, walked in lockstep (row r0 + s·q + i in lane s);
+         * the rest (< S rows) below */
+        for (int st = 0; st < S; st++) {
+            const char *p0 = (const char *)w->data + (size_t)(r0 + st * q) * w->row_bytes;
+            size_t n = (size_t)q * w->row_bytes;
+            for (size_t o = 0; o < n && o < PF_SPLIT; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
+        }
+        for (int i = 0; i < q; i++) {
+            srow rw[SPLIT_STREAMS];
+            for (int v = 0; v < S; v++) split_row_setup(w, r0 + v * q + i, &rw[v], tmp, sf[v], bf[v], add, sm);
+            split_rowset(a, rw, SPLIT_STREAMS, bits, add, sm);
+        }
+        r0 += S * q;
+    } else { /* the loop prefetches PF_SPLIT ahead: start the first PF_SPLIT bytes of this range now */
         const char *p0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
         size_t n = (size_t)(r1 - r0) * w->row_bytes;
-        for (size_t o = 0; o < n && o < PF_DIST; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
+        for (size_t o = 0; o < n && o < PF_SPLIT; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
     }
-    float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
-    size_t ss = g4_dtype_size(w->scale_dtype);
     int R = a->M == 1 ? 4 : 2;
     for (int r = r0; r < r1;) {
         int n = r1 - r >= R ? R : 1;
         srow rw[4];
-        for (int v = 0; v < n; v++) {
-            size_t base = (size_t)(r + v) * w->scale_stride;
-            rw[v].codes = (const uint8_t *)w->data + (size_t)(r + v) * w->row_bytes;
-            rw[v].sraw = (const uint8_t *)w->scales + base * ss;
-            rw[v].braw = add ? (const uint8_t *)w->biases + base * ss : NULL;
-            if (sm == SM_ROW) {
-                rw[v].s_row = g4_scale_at(w->scales, w->scale_dtype, base);
-                rw[v].b_row = add ? g4_scale_at(w->biases, w->scale_dtype, base) : 0;
-            } else if (sm == SM_BUF) {
-                rw[v].sf = block_factors(w, w->scales, base, tmp, sf[v]);
-                if (rw[v].sf == tmp) { /* keep the converted row apart from the next one */
-                    memcpy(sf[v], tmp, sizeof(float) * (size_t)(w->cols / 32));
-                    rw[v].sf = sf[v];
-                }
-                rw[v].bf = add ? block_factors(w, w->biases, base, tmp, bf[v]) : NULL;
-                if (add && rw[v].bf == tmp) {
-                    memcpy(bf[v], tmp, sizeof(float) * (size_t)(w->cols / 32));
-                    rw[v].bf = bf[v];
-                }
-            }
-        }
-        if (n == 4) split_rowset(a, rw, r, 4, bits, add, sm);
-        else if (n == 2) split_rowset(a, rw, r, 2, bits, add, sm);
-        else split_rowset(a, rw, r, 1, bits, add, sm);
+        for (int v = 0; v < n; v++) split_row_setup(w, r + v, &rw[v], tmp, sf[v], bf[v], add, sm);
+        if (n == 4) split_rowset(a, rw, 4, bits, add, sm);
+        else if (n == 2) split_rowset(a, rw, 2, bits, add, sm);
+        else split_rowset(a, rw, 1, bits, add, sm);
         r += n;
     }
 }
