@@ -802,7 +802,7 @@ INLINE void split_row_setup(const g4_mat *w, int r, srow *rw, float *tmp, float 
 INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int sm) {
     const g4_mat *w = a->w;
     float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
-    int S = SPLIT_STREAMS, q = (r1 - r0) / S;
+    const int S = SPLIT_STREAMS, q = (r1 - r0) / S;
     if (a->M == 1 && q > 0) {
         /* one token: S row streams, far apart, walked in lockstep (row r0 + s·q + i in lane s);
          * the rest (< S rows) below */

@@ -21,6 +21,11 @@ static inline int att_sub(int group) {
     while (sub > ATT_SUB) sub = (sub + 1) / 2;
     return sub;
 }
+/* work items of a layer's attention for M tokens: (token, KV head, query-head sub-group) */
+static inline int att_items(const g4_layer_config *l, int n_heads, int M) {
+    const int group = n_heads / l->n_kv_heads, sub = att_sub(group);
+    return M * l->n_kv_heads * ((group + sub - 1) / sub);
+}
 
 /* ---- run state ------------------------------------------------------------------------------ */
 
@@ -562,10 +567,7 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* attention, o_proj, post_attention_layernorm, residual */
         attn_job aj = {s, li, src, M, g4_isa_best()};
         prof_mark(s, G4_PROF_OTHER);
-        {
-            const int nkv = c->layers[li].n_kv_heads, sub = att_sub(nH / nkv);
-            g4_parallel_for(pool, M * nkv * ((nH / nkv + sub - 1) / sub), 1, attention_range, &aj);
-        }
+        g4_parallel_for(pool, att_items(&c->layers[li], nH, M), 1, attention_range, &aj);
         prof_mark(s, G4_PROF_ATTN);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
         matmul_q(s, pool, &w->wo, s->att, M, s->t, H);
