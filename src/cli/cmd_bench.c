@@ -19,6 +19,13 @@
 #include "util/bandwidth.h"
 #include "util/error.h"
 
+/* where the profiled forward calls' time went, per token (`n` tokens) */
+static void print_profile(const g4_session *s, int n) {
+    static const char *const cls[G4_PROF_N] = {"matmul", "attention", "lm head", "gelu/softcap", "other"};
+    printf("%8s ", "");
+    for (int k = 0; k < G4_PROF_N; k++) printf(" %s %.3f ms%s", cls[k], s->st.prof[k] / n * 1e3, k + 1 < G4_PROF_N ? "," : "\n");
+}
+
 static void bench_usage(FILE *f) {
     fprintf(f,
             "usage: g4 bench (-m MODEL | --synth ARCH) [options]\n"
@@ -289,9 +296,7 @@ int cmd_bench(int argc, char **argv) {
                    "\"bytes_per_token\": %.0f, \"gb_s\": %.3f, \"bw_gb_s\": %.3f}\n",
                    c, gen, c / pre, 1 / dec, bytes, bytes / dec / 1e9, bw);
         if (s->st.profile) {
-            static const char *const cls[G4_PROF_N] = {"matmul", "attention", "lm head", "gelu/softcap", "other"};
-            printf("%8s ", "");
-            for (int k = 0; k < G4_PROF_N; k++) printf(" %s %.2f ms%s", cls[k], s->st.prof[k] / gen * 1e3, k + 1 < G4_PROF_N ? "," : "\n");
+            print_profile(s, gen);
             s->st.profile = 0;
         }
         fflush(stdout);
@@ -299,10 +304,16 @@ int cmd_bench(int argc, char **argv) {
     if (prefill) {
         /* one prefill of exactly `prefill` tokens from an empty context, as llama-bench's ppN */
         g4_session_reset(s);
+        s->st.profile = profile && !s->cuda;
+        memset(s->st.prof, 0, sizeof s->st.prof);
         double a = now();
         if (g4_session_forward(s, toks, prefill, G4_LOGITS_LAST, logits, &err)) goto fail;
         double pre = now() - a;
         printf("\nprefill of %d tokens from an empty context: %.1f tok/s (%.2f s)\n", prefill, prefill / pre, pre);
+        if (s->st.profile) { /* per prompt token */
+            print_profile(s, prefill);
+            s->st.profile = 0;
+        }
         if (json) printf("{\"row\": \"prefill\", \"tokens\": %d, \"prefill_tok_s\": %.3f}\n", prefill, prefill / pre);
         fflush(stdout);
     }

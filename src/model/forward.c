@@ -456,6 +456,116 @@ static void softcap_range(void *ctx, int i0, int i1, int tid) {
 
 /* ---- the forward ---------------------------------------------------------------------------- */
 
+/* ---- per-token steps of a block ---------------------------------------------------------------
+ * The norms, RoPE, residual adds and PLE set-up between the matmuls touch each token's rows only,
+ * so a block's tokens are spread over the threads; every token's arithmetic is the one-token
+ * arithmetic (exactness contract). One token runs inline. */
+enum { TOK_EMBED, TOK_PLE, TOK_ATTN_IN, TOK_HEADS, TOK_ATTN_OUT, TOK_MOE_SUM, TOK_FFN_OUT, TOK_PLE_GATE, TOK_PLE_OUT, TOK_FINAL };
+
+typedef struct {
+    g4_state *s;
+    const int32_t *tokens;
+    int phase, li;
+} tok_job;
+
+static void tok_range(void *ctx, int m0, int m1, int tid) {
+    (void)tid;
+    const tok_job *j = ctx;
+    g4_state *s = j->s;
+    const g4_model *md = s->m;
+    const g4_config *c = &md->cfg;
+    const int H = c->hidden, L = c->n_layers, nH = c->n_heads, P = c->ple_width, LP = L * P;
+    const g4_layer_config *lc = j->li >= 0 ? &c->layers[j->li] : NULL;
+    const g4_layer_weights *w = j->li >= 0 ? &md->layers[j->li] : NULL;
+    for (int m = m0; m < m1; m++) {
+        float *xm = s->x + (size_t)m * H, *am = s->a + (size_t)m * H, *tm = s->t + (size_t)m * H;
+        switch (j->phase) {
+        case TOK_EMBED: { /* RoPE angles (inv_freq[i] = theta^(-2i/d) over the full d); x0 = E[token]·s */
+            for (int r = 0; r < s->n_rope; r++) {
+                float *cs = s->rope_cs + ((size_t)m * s->n_rope + r) * 2 * s->max_half;
+                for (int i = 0; i < s->rope[r].pairs; i++) {
+                    double ang = (double)(s->stage_pos + m) * pow((double)s->rope[r].theta, -2.0 * i / s->rope[r].head_dim);
+                    cs[i] = (float)cos(ang);
+                    cs[s->max_half + i] = (float)sin(ang);
+                }
+            }
+            g4_mat_row_f32(&md->embed, j->tokens[m], xm);
+            for (int i = 0; i < H; i++) xm[i] *= md->embed_scale;
+            break;
+        }
+        case TOK_PLE: { /* ple[l] = (rms_w(norm)(proj[l] · H^-½) + E_ple[token][l] · √P) · 2^-½ */
+            float hs = 1.0f / sqrtf((float)H), r2 = 1.0f / sqrtf(2.0f);
+            float *pm = s->ple + (size_t)m * LP, *tok = s->ple_tmp + (size_t)m * LP;
+            g4_mat_row_f32(&md->ple_embed, j->tokens[m], tok);
+            for (int l = 0; l < L; l++) {
+                float *pl = pm + (size_t)l * P;
+                for (int i = 0; i < P; i++) pl[i] *= hs;
+                g4_rmsnorm(pl, pl, md->ple_proj_norm, P, c->rms_eps);
+                for (int i = 0; i < P; i++) pl[i] = (pl[i] + tok[l * P + i] * md->ple_embed_scale) * r2;
+            }
+            break;
+        }
+        case TOK_ATTN_IN: g4_rmsnorm(am, xm, w->attn_norm, H, c->rms_eps); break;
+        case TOK_HEADS: { /* q_norm + RoPE; for layers with their own KV: k_norm + RoPE, v_norm */
+            const int d = lc->head_dim, nq = nH * d, nkv = lc->n_kv_heads * d, rk = s->layer_rope[j->li];
+            for (int h = 0; h < nH; h++) {
+                float *qh = s->q + (size_t)m * nq + (size_t)h * d;
+                g4_rmsnorm(qh, qh, w->q_norm, d, c->rms_eps);
+                rope_apply(s, qh, m, rk);
+            }
+            if (lc->kv_source != j->li) break;
+            float *ks = s->k_stage[j->li] + (size_t)m * nkv, *vs = s->v_stage[j->li] + (size_t)m * nkv;
+            if (lc->k_eq_v) memcpy(vs, ks, sizeof(float) * (size_t)nkv); /* raw k, before k_norm/rope */
+            for (int h = 0; h < lc->n_kv_heads; h++) {
+                float *kh = ks + (size_t)h * d, *vh = vs + (size_t)h * d;
+                g4_rmsnorm(kh, kh, w->k_norm, d, c->rms_eps);
+                rope_apply(s, kh, m, rk);
+                g4_rmsnorm(vh, vh, NULL, d, c->rms_eps);
+            }
+            break;
+        }
+        case TOK_ATTN_OUT: /* x += rms_w(post_attn)(t); a = rms_w(pre_ffn)(x) */
+            g4_rmsnorm(tm, tm, w->post_attn_norm, H, c->rms_eps);
+            for (int i = 0; i < H; i++) xm[i] += tm[i];
+            g4_rmsnorm(am, xm, w->pre_ffn_norm, H, c->rms_eps);
+            break;
+        case TOK_MOE_SUM: { /* f = rms_w(post_ffn1)(f) + rms_w(post_ffn2)(e), e in t */
+            float *f = s->ffn + (size_t)m * H;
+            g4_rmsnorm(f, f, w->post_ffn_norm1, H, c->rms_eps);
+            g4_rmsnorm(tm, tm, w->post_ffn_norm2, H, c->rms_eps);
+            for (int i = 0; i < H; i++) f[i] += tm[i];
+            break;
+        }
+        case TOK_FFN_OUT: { /* x += rms_w(post_ffn)(f) */
+            float *f = s->ffn + (size_t)m * H;
+            g4_rmsnorm(f, f, w->post_ffn_norm, H, c->rms_eps);
+            for (int i = 0; i < H; i++) xm[i] += f[i];
+            break;
+        }
+        case TOK_PLE_GATE: /* gelu(g) ⊙ ple[l] */
+            g4_gelu_mul(s->ple_tmp + (size_t)m * P, s->ple + ((size_t)m * L + j->li) * P, (size_t)P);
+            break;
+        case TOK_PLE_OUT: /* x += rms_w(post_ple)(t) when the model has PLE; x *= layer_scalar */
+            if (P) {
+                g4_rmsnorm(tm, tm, w->post_ple_norm, H, c->rms_eps);
+                for (int i = 0; i < H; i++) xm[i] += tm[i];
+            }
+            for (int i = 0; i < H; i++) xm[i] *= w->layer_scalar;
+            break;
+        case TOK_FINAL: g4_rmsnorm(am, xm, md->final_norm, H, c->rms_eps); break;
+        default: break;
+        }
+    }
+}
+
+/* One per-token step over the block's M tokens (profiled as `other`, or `cls`). */
+static void tok_step(g4_state *s, g4_threadpool *pool, int M, int phase, int li, const int32_t *tokens, int cls) {
+    tok_job j = {s, tokens, phase, li};
+    prof_mark(s, G4_PROF_OTHER);
+    g4_parallel_for(pool, M, 1, tok_range, &j);
+    prof_mark(s, cls);
+}
+
 g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, int M, float *logits,
                      int all_logits, g4_error *err) {
     const g4_model *md = s->m;
@@ -476,55 +586,28 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
     s->n_staged_last = M;
     prof_mark(s, -1);
 
-    /* RoPE angles for this block, per kind: inv_freq[i] = theta^(-2i/d) over the full d */
-    for (int m = 0; m < M; m++)
-        for (int r = 0; r < s->n_rope; r++) {
-            float *cs = s->rope_cs + ((size_t)m * s->n_rope + r) * 2 * s->max_half;
-            for (int i = 0; i < s->rope[r].pairs; i++) {
-                double ang = (double)(s->stage_pos + m) * pow((double)s->rope[r].theta, -2.0 * i / s->rope[r].head_dim);
-                cs[i] = (float)cos(ang);
-                cs[s->max_half + i] = (float)sin(ang);
-            }
-        }
-
-    /* embed: x0 = E[token] · s (s rounded to the table's dtype) */
+    /* RoPE angles and the embedding x0 = E[token] · s (s rounded to the table's dtype) */
     float *x = s->x;
-    for (int m = 0; m < M; m++) {
-        float *row = x + (size_t)m * H;
-        g4_mat_row_f32(&md->embed, tokens[m], row);
-        for (int i = 0; i < H; i++) row[i] *= md->embed_scale;
-    }
+    tok_step(s, pool, M, TOK_EMBED, -1, tokens, G4_PROF_OTHER);
     dump_rows(s, "embed", -1, M, x, H, H);
 
     /* per-layer inputs: ple[l] = (rms_w(norm)((x0 · projᵀ)[l] · H^-½) + E_ple[token][l] · √P) · 2^-½ */
     if (P) {
         int LP = L * P;
         matmul_q(s, pool, &md->ple_model_proj, x, M, s->ple, LP);
-        float hs = 1.0f / sqrtf((float)H), r2 = 1.0f / sqrtf(2.0f);
-        for (int m = 0; m < M; m++) {
-            float *pm = s->ple + (size_t)m * LP, *tok = s->ple_tmp;
-            g4_mat_row_f32(&md->ple_embed, tokens[m], tok);
-            for (int l = 0; l < L; l++) {
-                float *pl = pm + (size_t)l * P;
-                for (int i = 0; i < P; i++) pl[i] *= hs;
-                g4_rmsnorm(pl, pl, md->ple_proj_norm, P, c->rms_eps);
-                for (int i = 0; i < P; i++) pl[i] = (pl[i] + tok[l * P + i] * md->ple_embed_scale) * r2;
-            }
-            dump(s, "ple", -1, m, pm, LP);
-        }
+        tok_step(s, pool, M, TOK_PLE, -1, tokens, G4_PROF_OTHER);
+        dump_rows(s, "ple", -1, M, s->ple, LP, LP);
     }
 
     for (int li = 0; li < L; li++) {
         const g4_layer_config *lc = &c->layers[li];
         const g4_layer_weights *w = &md->layers[li];
         int d = lc->head_dim, nq = nH * d, nkv = lc->n_kv_heads * d, src = lc->kv_source;
-        int rk = s->layer_rope[li];
 
-        /* input_layernorm, q_proj, q_norm, rope */
-        for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->attn_norm, H, c->rms_eps);
+        /* input_layernorm; q, and k/v for this block into staging (KV-shared layers read their
+         * source's), in one pass over the three matrices when nothing is fake-quantised around them */
+        tok_step(s, pool, M, TOK_ATTN_IN, li, tokens, G4_PROF_OTHER);
         dump_rows(s, "attn_norm", li, M, s->a, H, H);
-        /* q, and k/v for this block into staging (KV-shared layers read their source's), in one
-         * pass over the three matrices when nothing is fake-quantised around them */
         int own_kv = src == li, fused = plain_mat(&w->wq) && (!own_kv || (plain_mat(&w->wk) && (lc->k_eq_v || plain_mat(&w->wv))));
         if (fused) {
             g4_mm_part parts[3] = {{&w->wq, s->q, nq, NULL}};
@@ -538,90 +621,51 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
             prof_mark(s, G4_PROF_MATMUL);
         } else {
             matmul_q(s, pool, &w->wq, s->a, M, s->q, nq);
-        }
-        for (int m = 0; m < M; m++)
-            for (int h = 0; h < nH; h++) {
-                float *qh = s->q + (size_t)m * nq + (size_t)h * d;
-                g4_rmsnorm(qh, qh, w->q_norm, d, c->rms_eps);
-                rope_apply(s, qh, m, rk);
+            if (own_kv) {
+                matmul_q(s, pool, &w->wk, s->a, M, s->k_stage[li], nkv);
+                if (!lc->k_eq_v) matmul_q(s, pool, &w->wv, s->a, M, s->v_stage[li], nkv);
             }
+        }
+        /* q_norm, RoPE; k_norm, RoPE, v_norm (V = raw K on K=V layers) */
+        tok_step(s, pool, M, TOK_HEADS, li, tokens, G4_PROF_OTHER);
         dump_rows(s, "q", li, M, s->q, nq, nq);
-
-        /* k/v for this block into staging (KV-shared layers read their source's) */
-        if (src == li) {
-            float *ks = s->k_stage[li], *vs = s->v_stage[li];
-            if (!fused) matmul_q(s, pool, &w->wk, s->a, M, ks, nkv);
-            if (lc->k_eq_v) memcpy(vs, ks, sizeof(float) * (size_t)M * nkv); /* raw k, before k_norm/rope */
-            else if (!fused) matmul_q(s, pool, &w->wv, s->a, M, vs, nkv);
-            for (int m = 0; m < M; m++)
-                for (int h = 0; h < lc->n_kv_heads; h++) {
-                    float *kh = ks + (size_t)m * nkv + (size_t)h * d, *vh = vs + (size_t)m * nkv + (size_t)h * d;
-                    g4_rmsnorm(kh, kh, w->k_norm, d, c->rms_eps);
-                    rope_apply(s, kh, m, rk);
-                    g4_rmsnorm(vh, vh, NULL, d, c->rms_eps);
-                }
-            dump_rows(s, "k", li, M, ks, nkv, nkv);
-            dump_rows(s, "v", li, M, vs, nkv, nkv);
+        if (own_kv) {
+            dump_rows(s, "k", li, M, s->k_stage[li], nkv, nkv);
+            dump_rows(s, "v", li, M, s->v_stage[li], nkv, nkv);
         }
 
-        /* attention, o_proj, post_attention_layernorm, residual */
+        /* attention, o_proj, post_attention_layernorm, residual; pre_feedforward_layernorm */
         attn_job aj = {s, li, src, M, g4_isa_best()};
         prof_mark(s, G4_PROF_OTHER);
         g4_parallel_for(pool, att_items(&c->layers[li], nH, M), 1, attention_range, &aj);
         prof_mark(s, G4_PROF_ATTN);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
         matmul_q(s, pool, &w->wo, s->att, M, s->t, H);
-        for (int m = 0; m < M; m++) {
-            float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
-            g4_rmsnorm(t, t, w->post_attn_norm, H, c->rms_eps);
-            for (int i = 0; i < H; i++) xm[i] += t[i];
-        }
+        tok_step(s, pool, M, TOK_ATTN_OUT, li, tokens, G4_PROF_OTHER);
         dump_rows(s, "attn_post", li, M, x, H, H);
 
         /* feed-forward: dense MLP, plus the expert half on MoE layers */
-        for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, w->pre_ffn_norm, H, c->rms_eps);
         mlp(s, pool, &w->gate, &w->up, &w->down, s->a, M, s->ffn);
         if (c->moe) {
-            for (int m = 0; m < M; m++) {
-                float *f = s->ffn + (size_t)m * H;
-                g4_rmsnorm(f, f, w->post_ffn_norm1, H, c->rms_eps);
-            }
             moe_experts(s, pool, w, x, M, s->t);
-            for (int m = 0; m < M; m++) {
-                float *f = s->ffn + (size_t)m * H, *e = s->t + (size_t)m * H;
-                g4_rmsnorm(e, e, w->post_ffn_norm2, H, c->rms_eps);
-                for (int i = 0; i < H; i++) f[i] += e[i];
-            }
+            tok_step(s, pool, M, TOK_MOE_SUM, li, tokens, G4_PROF_OTHER);
         }
         dump_rows(s, "mlp_out", li, M, s->ffn, H, H);
-        for (int m = 0; m < M; m++) {
-            float *f = s->ffn + (size_t)m * H, *xm = x + (size_t)m * H;
-            g4_rmsnorm(f, f, w->post_ffn_norm, H, c->rms_eps);
-            for (int i = 0; i < H; i++) xm[i] += f[i];
-        }
+        tok_step(s, pool, M, TOK_FFN_OUT, li, tokens, G4_PROF_OTHER);
         dump_rows(s, "ffn_post", li, M, x, H, H);
 
-        /* per-layer input: h += rms_w(norm)((gelu(h · gateᵀ) ⊙ ple[l]) · projᵀ) */
+        /* per-layer input: h += rms_w(norm)((gelu(h · gateᵀ) ⊙ ple[l]) · projᵀ); h *= layer_scalar */
         if (P) {
             matmul_q(s, pool, &w->ple_gate, x, M, s->ple_tmp, P);
-            for (int m = 0; m < M; m++) {
-                float *g = s->ple_tmp + (size_t)m * P;
-                const float *pl = s->ple + ((size_t)m * L + li) * P;
-                gelu_mul(s, g, pl, (size_t)P);
-            }
+            tok_step(s, pool, M, TOK_PLE_GATE, li, tokens, G4_PROF_ACT);
             matmul_q(s, pool, &w->ple_proj, s->ple_tmp, M, s->t, H);
-            for (int m = 0; m < M; m++) {
-                float *t = s->t + (size_t)m * H, *xm = x + (size_t)m * H;
-                g4_rmsnorm(t, t, w->post_ple_norm, H, c->rms_eps);
-                for (int i = 0; i < H; i++) xm[i] += t[i];
-            }
         }
-        for (size_t i = 0; i < (size_t)M * H; i++) x[i] *= w->layer_scalar;
+        tok_step(s, pool, M, TOK_PLE_OUT, li, tokens, G4_PROF_OTHER);
         dump_rows(s, "layer_out", li, M, x, H, H);
     }
 
     /* final norm, tied LM head (unscaled table), softcap */
-    for (int m = 0; m < M; m++) g4_rmsnorm(s->a + (size_t)m * H, x + (size_t)m * H, md->final_norm, H, c->rms_eps);
+    tok_step(s, pool, M, TOK_FINAL, -1, tokens, G4_PROF_OTHER);
     dump_rows(s, "final_norm", -1, M, s->a, H, H);
     if (logits) {
         int first = all_logits ? 0 : M - 1, n = M - first, V = c->vocab;
