@@ -1004,6 +1004,8 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int Mq = op->drafter ? 1 : p.M;
     const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
+    /* fused heads: the block's own rows (positions from raw_from) come from kraw / vraw */
+    const int raw_from = op->heads && op->qkv_own ? pos0 : INT_MAX;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     int total = 0;
     for (int m = 0; m < Mq; m++) {
@@ -1031,16 +1033,52 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         {
             const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
             const size_t off = (size_t)g * d + 4 * c4;
-            if (tid < d4) cp16(qs + 4 * tid, qsrc + 4 * tid);
+            const int nc = min(n, raw_from - k0); /* rows copied; the rest are computed below */
+            if (tid < d4 && !op->heads) cp16(qs + 4 * tid, qsrc + 4 * tid);
 #pragma unroll 1
-            for (int j = j0 < rpp ? j0 : n; j < n; j += rpp) { /* every copy in flight at once */
+            for (int j = j0 < rpp ? j0 : nc; j < nc; j += rpp) { /* every copy in flight at once */
                 cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
                 cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
+            }
+            if (op->heads) { /* op_heads' arithmetic (warp_norm_rope), into shared memory: the query,
+                                then K and V of each own row, a warp per vector */
+                const int nv = 1 + 2 * max(0, n - max(nc, 0));
+#pragma unroll 1
+                for (int v = warp; v < nv; v += G4C_WARPS) {
+                    if (v == 0) {
+                        warp_norm_rope(qsrc, qs, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, qs);
+                        continue;
+                    }
+                    const int j = max(nc, 0) + (v - 1) / 2, mj = k0 + j - pos0;
+                    const float *kr = op->kraw + (size_t)mj * row + (size_t)g * d;
+                    if ((v - 1) % 2 == 0)
+                        warp_norm_rope(kr, ks + (size_t)j * d, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, k0 + j, p.eps,
+                                       ks + (size_t)j * d);
+                    else /* v: the raw k on K=V layers */
+                        warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)mj * row + (size_t)g * d, vsm + (size_t)j * d, NULL, d, 0,
+                                       0, NULL, NULL, 0, p.eps, vsm + (size_t)j * d);
+                }
             }
             cp_wait();
         }
         __syncthreads();
         if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
+        if (op->heads && op->qkv_own && hh == 0 && k1 == pq) { /* this token's K/V row, as op_heads stores it */
+            float *kd, *vd;
+            if (p.direct) {
+                const size_t slot = (size_t)(pq % cap);
+                kd = op->kc + slot * row + (size_t)g * d;
+                vd = op->vc + slot * row + (size_t)g * d;
+            } else {
+                kd = op->kst + (size_t)m * row + (size_t)g * d;
+                vd = op->vst + (size_t)m * row + (size_t)g * d;
+            }
+#pragma unroll 1
+            for (int e = tid; e < d; e += G4C_THREADS) {
+                kd[e] = ks[(size_t)(n - 1) * d + e];
+                vd[e] = vsm[(size_t)(n - 1) * d + e];
+            }
+        }
 #pragma unroll 1
         for (int j = warp; j < n; j += G4C_WARPS) {
             const float *kr = ks + (size_t)j * d;

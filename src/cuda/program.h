@@ -146,6 +146,10 @@ typedef struct g4c_op {
     /* heads + attention */
     int n_heads, n_kv, d, is_full, window, pairs, qkv_own, k_eq_v, cap_rows;
     int drafter;          /* query position is params.qpos; every key comes from the cache */
+    int heads;            /* attention: also op_heads' work (no HEADS stage before it): each item
+                             norms + ropes its query and the block's own K/V rows from q / kraw /
+                             vraw itself, and the item of (token, KV head, query 0) whose chunk
+                             holds the token's position stores that K/V row (staging or cache) */
     const double *rope_inv; /* [d / 2] theta^(-2i/d), computed by the host as the CPU does */
     const float *rope_cs;   /* [n_ctx][pairs][2] cos, sin of pos·rope_inv[i]; NULL: computed in place */
     float *q;             /* [m][n_heads * d] */

@@ -535,9 +535,24 @@ static void build_target(g4_cuda *c) {
         hd.kc = kvo->kc;
         hd.vc = kvo->vc;
         hd.cap_rows = kvo->cap;
+#ifdef G4C_SEPARATE_HEADS
         ops.push_back(hd);
-        /* attention over the source layer's cache */
+#endif
+        /* attention over the source layer's cache (and, fused, the heads' norms and RoPE: one
+         * stage and one grid barrier fewer per layer) */
         g4c_op at = op_new(G4C_OP_ATTN, G4C_CLS_ATTN);
+#ifndef G4C_SEPARATE_HEADS
+        at.heads = 1;
+        at.pairs = hd.pairs;
+        at.rope_inv = hd.rope_inv;
+        at.rope_cs = hd.rope_cs;
+        at.qkv_own = own;
+        at.k_eq_v = hd.k_eq_v;
+        at.kraw = hd.kraw;
+        at.vraw = hd.vraw;
+        at.q_norm = hd.q_norm;
+        at.k_norm = hd.k_norm;
+#endif
         at.n_heads = nH;
         at.n_kv = nkv;
         at.d = d;
