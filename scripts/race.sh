@@ -3,12 +3,16 @@
 #
 #   bash scripts/race.sh [--arch e2b,e4b,26b-a4b] [--types q4_0,q8_0] [--threads 2] [--gen 64]
 #        [--ctx 128] [--prompt 512] [--reps 3] [--stat best|median] [--dir /tmp/g4-race]
-#        [--layers N] [--g4 build/g4] [--kv f16] [--batch 512]
+#        [--layers N] [--g4 build/g4] [--kv f16] [--batch 512] [--llama node|native]
+#        [--llama-bench PATH]
 #
 # For each arch x type it writes DIR/ARCH-TYPE (DIR/ARCH-TYPE-LN with --layers N) with
 # `g4 synth --format gguf-TYPE` unless a model.gguf is already there, then runs, alternately and
 # --reps times, llama.cpp (scripts/llama_bench.mjs: node-llama-cpp's prebuilt CPU build) and
-# `g4 bench -m DIR --ctx C --gen N --threads T --no-verify --prefill P --json`:
+# `g4 bench -m DIR --ctx C --gen N --threads T --no-verify --prefill P --json`. With --llama native
+# llama.cpp is a llama-bench built for this CPU (scripts/install_llama.sh --native, or --llama-bench
+# PATH): `llama-bench -p P -n 0` for the prefill and `-p 0 -n N -d C` for decode (N tokens after C
+# in the cache; llama-bench's own token ids, one warm-up run each):
 #   decode   --gen tokens one at a time after a prefill of --ctx tokens (greedy, LM head each step)
 #   prefill  --prompt tokens from an empty context (llama.cpp's pp512 at the default 512; 0 skips)
 # Both engines get the same token ids. Model load is not timed. Per cell the best (default) or the
@@ -21,7 +25,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 archs=e2b,e4b,26b-a4b types=q4_0,q8_0 threads=2 gen=64 ctx=128 prompt=512 reps=3 stat=best
-dir=/tmp/g4-race layers=0 g4=${G4_BIN:-$root/build/g4} kv="" batch=512
+dir=/tmp/g4-race layers=0 g4=${G4_BIN:-$root/build/g4} kv="" batch=512 llama=node lbench=""
 
 die() { echo "race: $*" >&2; exit 1; }
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -41,6 +45,8 @@ while [ $# -gt 0 ]; do
         --g4) g4=${2:?}; shift 2 ;;
         --kv) kv=${2:?}; shift 2 ;;
         --batch) batch=${2:?}; shift 2 ;;
+        --llama) llama=${2:?--llama needs node or native}; shift 2 ;;
+        --llama-bench) lbench=${2:?}; llama=native; shift 2 ;;
         *) echo "race: unknown option '$1'" >&2; usage 2 ;;
     esac
 done
@@ -50,14 +56,21 @@ done
 [ "$threads" -ge 1 ] && [ "$gen" -ge 1 ] && [ "$ctx" -ge 1 ] && [ "$reps" -ge 1 ] ||
     die "--threads, --gen, --ctx and --reps must be at least 1"
 case $stat in best|median) ;; *) die "--stat takes best or median" ;; esac
+case $llama in node|native) ;; *) die "--llama takes node or native" ;; esac
 
 # --- prerequisites, each with the command that fixes it
 command -v node >/dev/null || die "node not found (Debian: apt-get install nodejs npm; node >= 18)"
 nodemajor=$(node -p 'process.versions.node.split(".")[0]')
 [ "$nodemajor" -ge 18 ] || die "node $(node --version) is too old; node-llama-cpp needs >= 18"
 llamadir=${G4_LLAMA_DIR:-$root/.llama}
-[ -f "$llamadir/node_modules/node-llama-cpp/package.json" ] ||
-    die "node-llama-cpp is not installed in $llamadir (run: bash scripts/install_llama.sh)"
+if [ "$llama" = native ]; then
+    lbench=${lbench:-$llamadir/llama.cpp/build-native/bin/llama-bench}
+    [ -x "$lbench" ] || die "no llama-bench at $lbench (run: bash scripts/install_llama.sh --native, or pass --llama-bench PATH)"
+    [ -z "$kv" ] || die "--kv is for --llama node"
+else
+    [ -f "$llamadir/node_modules/node-llama-cpp/package.json" ] ||
+        die "node-llama-cpp is not installed in $llamadir (run: bash scripts/install_llama.sh)"
+fi
 [ -x "$g4" ] || die "$g4 not found or not executable (run: make, or pass --g4 PATH / set G4_BIN)"
 "$g4" bench --help 2>/dev/null | grep -q -- '--json' ||
     die "$g4 bench has no --json (a g4 older than scripts/race.sh: rebuild it)"
@@ -65,7 +78,9 @@ mkdir -p "$dir" || die "cannot create $dir"
 
 log=$dir/race-$(date +%Y%m%d-%H%M%S).jsonl
 : > "$log"
-echo "race: g4 $g4, llama.cpp via node-llama-cpp in $llamadir; $threads threads, decode $gen tokens at" \
+lname="node-llama-cpp in $llamadir"
+[ "$llama" = native ] && lname="native $lbench"
+echo "race: g4 $g4, llama.cpp: $lname; $threads threads, decode $gen tokens at" \
      "context $ctx, prefill $prompt tokens, $reps reps ($stat); raw results in $log"
 
 # both engines spin-wait between operations at some point: with other work on the cores, a thread
@@ -79,6 +94,28 @@ if awk -v l="$load1" -v c="$ncpu" -v t="$threads" 'BEGIN { exit !(l + t > c + 0.
 fi
 
 mem_avail_kb() { awk '/^MemAvailable:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0; }
+
+# native llama-bench: prefill (-p P from an empty cache) and decode (-n N after -d C) as two runs,
+# folded into llama_bench.mjs's record
+llama_native() {
+    local f=$1 pp="" tg
+    local common=(-m "$f" -t "$threads" -b "$batch" -ub "$batch" -r 1 -o jsonl)
+    if [ "$prompt" -gt 0 ]; then
+        pp=$("$lbench" "${common[@]}" -p "$prompt" -n 0 2>"$dir/llama.err") || return 1
+    fi
+    tg=$("$lbench" "${common[@]}" -p 0 -n "$gen" -d "$ctx" 2>>"$dir/llama.err") || return 1
+    printf '%s\n%s\n' "$pp" "$tg" | node -e '
+        const rows = require("fs").readFileSync(0, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l));
+        const o = {engine: "llama.cpp", node_llama_cpp: "native llama-bench", threads: +process.argv[1]};
+        for (const r of rows) {
+            o.llama_cpp_release = r.build_commit;
+            o.batch_size = r.n_batch;
+            o.flash_attention = r.flash_attn;
+            if (r.n_gen > 0) o.decode_tok_s = r.avg_ts;
+            else if (r.n_prompt > 0) o.prefill_tok_s = r.avg_ts;
+        }
+        console.log(JSON.stringify(o));' "$threads"
+}
 
 IFS=, read -r -a arch_list <<< "$archs"
 IFS=, read -r -a type_list <<< "$types"
@@ -107,7 +144,9 @@ for arch in "${arch_list[@]}"; do
         for ((r = 1; r <= reps; r++)); do
             largs=("$mdir/model.gguf" --threads "$threads" --ctx "$ctx" --gen "$gen" --prompt "$prompt" --batch "$batch")
             [ -n "$kv" ] && largs+=(--kv "$kv")
-            if ! lout=$(node "$root/scripts/llama_bench.mjs" "${largs[@]}" 2>"$dir/llama.err"); then
+            if [ "$llama" = native ]; then
+                lout=$(llama_native "$mdir/model.gguf") || die "llama-bench failed on $mdir/model.gguf (see $dir/llama.err)"
+            elif ! lout=$(node "$root/scripts/llama_bench.mjs" "${largs[@]}" 2>"$dir/llama.err"); then
                 cat "$dir/llama.err" >&2
                 die "llama.cpp failed on $mdir/model.gguf (see above)"
             fi
@@ -175,6 +214,6 @@ for (const [i, r] of lines.entries()) {
     if (i === 0) console.log(w.map((n) => "-".repeat(n)).join("  "));
 }
 const l0 = recs.find((r) => r.engine === "llama.cpp");
-if (l0) console.log(`llama.cpp ${l0.llama_cpp_release} (node-llama-cpp ${l0.node_llama_cpp}), CPU, batch ${l0.batch_size},` +
+if (l0) console.log(`llama.cpp ${l0.llama_cpp_release} (${l0.node_llama_cpp === "native llama-bench" ? "" : "node-llama-cpp "}${l0.node_llama_cpp}), CPU, batch ${l0.batch_size},` +
     ` flash attention ${l0.flash_attention}; g4 decode GB/s = GB/token x g4 dec`);
 EOF
