@@ -202,13 +202,25 @@ int main(int argc, char **argv) {
             for (int k = 1; k < ncopy && ok; k++) {
                 cp[k] = proto;
                 cp[k].data = aligned_alloc(64, (bytes + 63) / 64 * 64);
+                cp[k].scales = cp[k].biases = NULL;
                 if (!cp[k].data) {
                     ncopy = k;
                     break;
                 }
-                memcpy(cp[k].data, proto.data, proto.m.row_bytes * rows);
-                cp[k].m.data = cp[k].data;
-                cp[k].scales = cp[k].biases = NULL; /* shares the prototype's scales (small) */
+                /* every copy has its own codes, scales and biases, one block after the other, so
+                 * all of `bytes` comes from DRAM (shared scales would stay in cache) */
+                size_t cb = proto.m.row_bytes * rows, sb = proto.m.scales ? (bytes - cb) / (proto.m.biases ? 2 : 1) : 0;
+                uint8_t *blk = cp[k].data;
+                memcpy(blk, proto.m.data, cb);
+                cp[k].m.data = blk;
+                if (proto.m.scales) {
+                    memcpy(blk + cb, proto.m.scales, sb);
+                    cp[k].m.scales = blk + cb;
+                }
+                if (proto.m.biases) {
+                    memcpy(blk + cb + sb, proto.m.biases, sb);
+                    cp[k].m.biases = blk + cb + sb;
+                }
             }
             double gbs[3] = {0}, gfl[3] = {0};
             for (int t = 1; t <= 2 && !hot_only; t++) {

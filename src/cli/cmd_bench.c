@@ -120,7 +120,8 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
         double plain = (ps.n_generated - 1) / ps.decode_seconds;
         printf("\nspeculative decoding, acceptance-controlled (context %d, %d tokens, k = %d%s):\n", ctx, gen, k,
                draft_dir ? "" : ", random-weight drafter");
-        printf("%8s %10s %9s %12s %14s\n", "alpha", "tok/s", "speedup", "tokens/round", "drafter ms/step");
+        printf("%8s %10s %9s %12s %14s   %s\n", "alpha", "tok/s", "speedup", "tokens/round", "drafter ms/step",
+               "adaptive k: tok/s, speedup, drafts/token");
         printf("%8s %10.2f %8.2fx %12s %14s\n", "off", plain, 1.0, "1", "-");
         for (const char *p = list; *p && !st;) {
             char *end;
@@ -138,9 +139,18 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
             st = g4_generate(s, prompt, ctx, &o, &gs, err);
             if (st) break;
             double tps = (gs.n_generated - 1) / gs.decode_seconds;
-            printf("%8.2f %10.2f %8.2fx %12.2f %14.3f\n", a, tps, tps / plain,
+            /* the same with k chosen per round by generation's cost model (the default) */
+            g4_generate_stats as;
+            o.draft_fixed = 0;
+            sl.n = 0;
+            g4_session_reset(s);
+            st = g4_generate(s, prompt, ctx, &o, &as, err);
+            if (st) break;
+            double atps = (as.n_generated - 1) / as.decode_seconds;
+            printf("%8.2f %10.2f %8.2fx %12.2f %14.3f   %10.2f %7.2fx %6.2f\n", a, tps, tps / plain,
                    gs.rounds ? (double)(gs.accepted + gs.rounds) / gs.rounds : 0,
-                   gs.drafted ? gs.draft_seconds * 1e3 / gs.drafted : 0);
+                   gs.drafted ? gs.draft_seconds * 1e3 / gs.drafted : 0, atps, atps / plain,
+                   as.n_generated > 1 ? (double)as.drafted / (as.n_generated - 1) : 0);
             fflush(stdout);
         }
     }

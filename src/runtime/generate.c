@@ -85,6 +85,25 @@ static g4_status choose(gen_ctx *g, const float *logits, int32_t *tok) {
     return g4_sampler_sample(g->o->sampler, logits, g->V, tok, g->err);
 }
 
+/* Greedy speculation's cost model: whether a round of k drafts is expected to beat plain steps,
+ * E(k) / (k·t_draft + t_step(k + 1)) > 1 / t_step(1), with E(k) = (1 − α^(k+1)) / (1 − α) tokens
+ * per round when each draft is right with probability α. Times are running averages measured in
+ * this call; a block size not measured yet is extrapolated from the largest measured one below it
+ * (the growth per token measured so far, 10% of a step before anything is). Greedy output does not
+ * depend on k (lossless), so timing may steer it; with a sampler the draws would, so sampling
+ * keeps the acceptance-only rule. */
+static int drafting_pays(const double *t_step, double t_draft, double alpha, int k) {
+    int m0 = 1;
+    for (int m = 2; m <= k; m++)
+        if (t_step[m] > 0) m0 = m;
+    double slope = m0 > 1 ? (t_step[m0] - t_step[1]) / (m0 - 1) : 0.1 * t_step[1];
+    double tv = t_step[k + 1] > 0 ? t_step[k + 1] : t_step[m0] + (k + 1 - m0) * (slope > 0 ? slope : 0);
+    double e = alpha >= 1 ? k + 1 : (1 - pow(alpha, k + 1)) / (1 - alpha);
+    return e * t_step[1] > k * t_draft + tv;
+}
+
+static void ema(double *avg, double x) { *avg = *avg > 0 ? 0.75 * *avg + 0.25 * x : x; }
+
 g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const g4_generate_options *o,
                       g4_generate_stats *stats, g4_error *err) {
     g4_generate_stats local;
@@ -131,12 +150,23 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
     }
     int k_cur = kmax, skip = 0;
     double acc_ema = 1.0;
+    /* greedy adaptive k: step times per block size, draft step time, decayed acceptance counts */
+    const int costed = spec && !o->draft_fixed && !o->sampler;
+    double t_step[G4_MAX_DRAFT + 2] = {0}, t_draft = 0, n_acc = 0, n_cmp = 0;
+    int plain_run = 0;
     uint64_t orng = o->oracle_seed;
     int32_t drafts[G4_MAX_DRAFT];
     while (!st && !g.done) {
         int p = ts->pos; /* t = seq[p] is emitted but not yet in the cache */
         int room = ts->n_ctx - p - 1, remaining = o->max_new - stats->n_generated;
         int k = spec && !skip ? k_cur : 0;
+        if (costed) { /* k from acceptance as below, but a plain step where drafting does not pay;
+                         the first step is plain (its time is the yardstick), and after 32 plain
+                         steps one round drafts anyway, to keep α and the times current */
+            k = k_cur;
+            if (t_step[1] <= 0 || (plain_run < 32 && !drafting_pays(t_step, t_draft, (n_acc + 1) / (n_cmp + 2), k))) k = 0;
+            plain_run = k ? 0 : plain_run + 1;
+        }
         if (k > remaining - 1) k = remaining - 1;
         if (k > room) k = room;
         if (k < 0) k = 0;
@@ -146,7 +176,9 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         }
         if (skip) skip--;
         if (k == 0) { /* plain step */
+            double s0 = now_seconds();
             st = g4_session_step(s, &t, 1, logits, 1, err);
+            if (costed) ema(&t_step[1], now_seconds() - s0);
             if (!st) st = g4_session_commit(s, 1, err);
             if (!st && spec) st = g4_drafting_save(&dr, 0, err);
             if (st) break;
@@ -177,13 +209,16 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
             }
             in = drafts[i];
         }
-        stats->draft_seconds += now_seconds() - d0;
+        double d1 = now_seconds();
+        stats->draft_seconds += d1 - d0;
+        if (costed) ema(&t_draft, (d1 - d0) / k);
         if (st) break;
         /* verify [t, d1 … dk] in one forward */
         int32_t block[G4_MAX_DRAFT + 1];
         block[0] = t;
         memcpy(block + 1, drafts, sizeof(int32_t) * (size_t)k);
         st = g4_session_step(s, block, k + 1, logits, 1, err);
+        if (costed) ema(&t_step[k + 1], now_seconds() - d1);
         if (st) break;
         stats->rounds++;
         stats->drafted += k;
@@ -236,10 +271,14 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         st = emit(&g, t, row);
         /* adapt k: grow after a clean sweep, shrink to what was accepted; pause drafting while
          * acceptance is too low to pay for the drafter */
+        if (costed) { /* drafts compared: the accepted ones and the first rejected one */
+            n_acc = 0.9 * n_acc + n;
+            n_cmp = 0.9 * n_cmp + (n < k ? n + 1 : n);
+        }
         if (!o->draft_fixed) {
             k_cur = n == k ? (k_cur < kmax ? k_cur + 1 : kmax) : (n + 1 < kmax ? n + 1 : kmax);
             acc_ema = 0.8 * acc_ema + 0.2 * ((double)n / k);
-            if (acc_ema < 0.15) {
+            if (acc_ema < 0.15 && !costed) {
                 skip = 16;
                 acc_ema = 0.5;
                 k_cur = 1;
