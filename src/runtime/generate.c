@@ -189,25 +189,23 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         /* draft k tokens, each step feeding the previous proposal and the carried hidden */
         double d0 = now_seconds();
         int32_t in = t;
-        if (!o->sampler && !o->oracle) /* greedy: k chained steps (one launch on the GPU) */
+        if (!o->sampler) /* greedy: k chained steps (one launch on the GPU) */
             st = g4_drafting_greedy(&dr, t, p - 1, k, drafts, NULL, NULL, err);
-        for (int i = 0; i < k && !st && (o->sampler || o->oracle); i++) {
+        for (int i = 0; i < k && !st && o->sampler; i++) {
             st = g4_drafting_step(&dr, in, p - 1, i == 0, dlogits, err);
             if (st) break;
-            if (o->sampler) {
-                float *q = qprobs + (size_t)i * V;
-                st = g4_sampler_probs(o->sampler, dlogits, V, q, err);
-                if (!st) drafts[i] = draw(q, V, g4_sampler_uniform(o->sampler));
-            } else {
-                drafts[i] = argmax(dlogits, V);
-            }
-            if (o->oracle) { /* benchmark: a proposal right with probability alpha */
-                int idx = stats->n_generated + i;
-                int32_t truth = idx < o->n_oracle ? o->oracle[idx] : drafts[i];
-                double u = (double)(mix64(&orng) >> 11) * 0x1.0p-53;
-                drafts[i] = u < o->oracle_alpha ? truth : (truth + 1) % V;
-            }
+            float *q = qprobs + (size_t)i * V;
+            st = g4_sampler_probs(o->sampler, dlogits, V, q, err);
+            if (!st) drafts[i] = draw(q, V, g4_sampler_uniform(o->sampler));
             in = drafts[i];
+        }
+        for (int i = 0; i < k && !st && o->oracle; i++) {
+            /* benchmark: each proposal replaced by one right with probability alpha, after the
+             * drafter ran (fed its own proposals it costs what it costs fed these) */
+            int idx = stats->n_generated + i;
+            int32_t truth = idx < o->n_oracle ? o->oracle[idx] : drafts[i];
+            double u = (double)(mix64(&orng) >> 11) * 0x1.0p-53;
+            drafts[i] = u < o->oracle_alpha ? truth : (truth + 1) % V;
         }
         double d1 = now_seconds();
         stats->draft_seconds += d1 - d0;
