@@ -85,21 +85,36 @@ static g4_status choose(gen_ctx *g, const float *logits, int32_t *tok) {
     return g4_sampler_sample(g->o->sampler, logits, g->V, tok, g->err);
 }
 
-/* Greedy speculation's cost model: whether a round of k drafts is expected to beat plain steps,
- * E(k) / (k·t_draft + t_step(k + 1)) > 1 / t_step(1), with E(k) = (1 − α^(k+1)) / (1 − α) tokens
- * per round when each draft is right with probability α. Times are running averages measured in
- * this call; a block size not measured yet is extrapolated from the largest measured one below it
- * (the growth per token measured so far, 10% of a step before anything is). Greedy output does not
- * depend on k (lossless), so timing may steer it; with a sampler the draws would, so sampling
- * keeps the acceptance-only rule. */
-static int drafting_pays(const double *t_step, double t_draft, double alpha, int k) {
+/* Greedy speculation's cost model: the expected tokens per second of a round of k drafts,
+ * E(k) / (k·t_draft + t_step(k + 1)) with E(k) = (1 − α^(k+1)) / (1 − α) tokens per round when each
+ * draft is right with probability α; times are running averages measured in this call, and a
+ * block size not measured yet is extrapolated from the largest measured one below it (the growth
+ * per token measured so far, 10% of a step before anything is). Greedy output does not depend on
+ * k (lossless), so timing may steer it; with a sampler the draws would, so sampling keeps the
+ * acceptance-only rule. */
+static double round_rate(const double *t_step, double t_draft, double alpha, int k) {
     int m0 = 1;
     for (int m = 2; m <= k; m++)
         if (t_step[m] > 0) m0 = m;
     double slope = m0 > 1 ? (t_step[m0] - t_step[1]) / (m0 - 1) : 0.1 * t_step[1];
     double tv = t_step[k + 1] > 0 ? t_step[k + 1] : t_step[m0] + (k + 1 - m0) * (slope > 0 ? slope : 0);
     double e = alpha >= 1 ? k + 1 : (1 - pow(alpha, k + 1)) / (1 - alpha);
-    return e * t_step[1] > k * t_draft + tv;
+    return e / (k * t_draft + tv);
+}
+
+/* The k in 1..kmax with the best expected rate, or 0 (a plain step) when none beats plain steps
+ * and `probe` is not set. */
+static int best_k(const double *t_step, double t_draft, double alpha, int kmax, int probe) {
+    double best = probe ? 0 : 1.0 / t_step[1];
+    int bk = probe ? 1 : 0;
+    for (int k = 1; k <= kmax; k++) {
+        double r = round_rate(t_step, t_draft, alpha, k);
+        if (r > best) {
+            best = r;
+            bk = k;
+        }
+    }
+    return bk;
 }
 
 static void ema(double *avg, double x) { *avg = *avg > 0 ? 0.75 * *avg + 0.25 * x : x; }
@@ -160,11 +175,10 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         int p = ts->pos; /* t = seq[p] is emitted but not yet in the cache */
         int room = ts->n_ctx - p - 1, remaining = o->max_new - stats->n_generated;
         int k = spec && !skip ? k_cur : 0;
-        if (costed) { /* k from acceptance as below, but a plain step where drafting does not pay;
-                         the first step is plain (its time is the yardstick), and after 32 plain
-                         steps one round drafts anyway, to keep α and the times current */
-            k = k_cur;
-            if (t_step[1] <= 0 || (plain_run < 32 && !drafting_pays(t_step, t_draft, (n_acc + 1) / (n_cmp + 2), k))) k = 0;
+        if (costed) { /* the first step is plain (its time is the yardstick); then the best k by
+                         the cost model, 0 where drafting does not pay, and after 32 plain steps
+                         one round drafts anyway, to keep α and the times current */
+            k = t_step[1] > 0 ? best_k(t_step, t_draft, (n_acc + 1) / (n_cmp + 2), kmax, plain_run >= 32) : 0;
             plain_run = k ? 0 : plain_run + 1;
         }
         if (k > remaining - 1) k = remaining - 1;
