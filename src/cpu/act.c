@@ -1,5 +1,10 @@
 #include "cpu/act.h"
 
+#include <math.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "cpu/kernels.h"
 
 float g4_gelu_tanh(float x) {
@@ -18,7 +23,7 @@ float g4_gelu_tanh(float x) {
 #if defined(__x86_64__)
 #define KW 8
 #define KSUFFIX _w8
-#define KTARGET __attribute__((target("avx2")))
+#define KTARGET __attribute__((target("avx2,fma")))
 #include "cpu/act_kernels.h"
 #undef KW
 #undef KSUFFIX
@@ -26,7 +31,7 @@ float g4_gelu_tanh(float x) {
 
 #define KW 16
 #define KSUFFIX _w16
-#define KTARGET __attribute__((target("avx512f,avx512dq")))
+#define KTARGET __attribute__((target("avx512f,avx512dq,fma")))
 #include "cpu/act_kernels.h"
 #undef KW
 #undef KSUFFIX
@@ -46,6 +51,10 @@ void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n) { ACT_PIC
 
 void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d) {
     ACT_PICK(isa, avsum)(y, p, v, stride, nk, d);
+}
+void g4_avsum_heads_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
+                        size_t stride, int nk, int d) {
+    ACT_PICK(isa, avsum_heads)(y, ystride, p, pstride, nh, v, stride, nk, d);
 }
 void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
     g4_avsum_isa(g4_isa_best(), y, p, v, stride, nk, d);

@@ -65,10 +65,10 @@ void g4_softcap(float *x, size_t n, float cap);
 /* y[i] = e^(x[i] - m) for i < n; returns Σ y in the fixed 16-partial order (element i into
  * partial i % 16, then the 16-lane fold of kernels_internal.h). */
 float g4_exp_sum(const float *x, float m, float *y, int n);
-/* y[i] += a · x[i] */
+/* y[i] = fma(a, x[i], y[i]) (one rounding) */
 void g4_axpy(float *y, float a, const float *x, int n);
 
-/* y[e] += p[k] · v[k·stride + e], k = 0..nk-1 in order: bitwise nk calls of g4_axpy. */
+/* y[e] = fma(p[k], v[k·stride + e], y[e]), k = 0..nk-1 in order: bitwise nk calls of g4_axpy. */
 void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d);
 
 /* The same at a chosen ISA level, which the CPU must support (at most g4_isa_best()). */
@@ -78,4 +78,8 @@ void g4_fake_quant_isa(g4_isa isa, float *y, const float *x, size_t n, float sc)
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);
 void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d);
+/* g4_avsum for nh <= 4 heads over the same V rows (head h: y + h·ystride, p + h·pstride), bitwise nh
+ * calls of it, each V row read once */
+void g4_avsum_heads_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
+                        size_t stride, int nk, int d);
 #endif

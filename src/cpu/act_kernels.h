@@ -1,8 +1,10 @@
 /* The forward's element-wise loops, written once and included by act.c for each vector width:
  * KW lanes per native vector (4: generic / SSE2, 8: AVX2, 16: AVX-512), KSUFFIX naming the copy,
  * KTARGET its target attribute (possibly empty). Every lane operation is one IEEE single
- * precision operation (no FMA: -ffp-contract=off) and sums use one fixed layout (16 partial sums,
- * element i into partial i % 16, then the fixed fold), so every copy gives the scalar bits. */
+ * precision operation (no contraction: -ffp-contract=off; where a loop asks for a fused
+ * multiply-add it says so, and every copy does it as one: the vector FMA, or fmaf) and sums use
+ * one fixed layout (16 partial sums, element i into partial i % 16, then the fixed fold), so every
+ * copy gives the scalar bits. */
 #define KCAT2(a, b) a##b
 #define KCAT(a, b) KCAT2(a, b)
 #define KN(name) KCAT(name, KSUFFIX)
@@ -18,6 +20,19 @@ KINL VF KN(splat)(float x) {
     VF v;
     for (int i = 0; i < KW; i++) v[i] = x;
     return v;
+}
+
+/* a·b + c with one rounding, lane by lane */
+KINL VF KN(vfma)(VF a, VF b, VF c) {
+#if KW == 16
+    return (VF)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif KW == 8
+    return (VF)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    VF r;
+    for (int i = 0; i < KW; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
+#endif
 }
 
 KINL VF KN(vmin)(VF a, VF b) { return (VF)(((VI)(a < b) & (VI)a) | (~(VI)(a < b) & (VI)b)); }
@@ -110,15 +125,16 @@ KTARGET static float KN(exp_sum)(const float *x, float m, float *y, int n) {
     return g4_fold16(part);
 }
 
-/* y[i] += a · x[i] (a multiply, then an add). */
+/* y[i] = fma(a, x[i], y[i]) (one rounding). */
 KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
     const VF av = KN(splat)(a);
     int i = 0;
-    for (; i + KW <= n; i += KW) *(VF *)(y + i) = *(VF *)(y + i) + av * *(const VF *)(x + i);
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + KW <= n; i += KW) *(VF *)(y + i) = KN(vfma)(av, *(const VF *)(x + i), *(VF *)(y + i));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
-/* y[e] += p[k] · v[k·stride + e] for k = 0..nk-1 in order (a multiply, then an add, per key):
+/* y[e] = fma(p[k], v[k·stride + e], y[e]) for k = 0..nk-1 in order (one fused multiply-add per key:
+ * half the operations of a multiply and an add, which share this CPU's one 512-bit FMA port):
  * the same operations as nk calls of axpy, with y held in registers across the keys. Blocks of
  * AV_NB vectors (256 floats with AVX-512) first: each key's block is one contiguous run of the
  * row, and the AV_NB accumulators are independent chains. */
@@ -133,7 +149,7 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
             const float *vr = v + (size_t)k * stride + i;
             const VF pk = KN(splat)(p[k]);
 #pragma GCC unroll 16
-            for (int b = 0; b < AV_NB; b++) a[b] = a[b] + pk * *(const VF *)(vr + b * KW);
+            for (int b = 0; b < AV_NB; b++) a[b] = KN(vfma)(pk, *(const VF *)(vr + b * KW), a[b]);
         }
 #pragma GCC unroll 16
         for (int b = 0; b < AV_NB; b++) *(VF *)(y + i + b * KW) = a[b];
@@ -143,10 +159,10 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
         for (int k = 0; k < nk; k++) {
             const float *vr = v + (size_t)k * stride + i;
             const VF pk = KN(splat)(p[k]);
-            a0 = a0 + pk * *(const VF *)vr;
-            a1 = a1 + pk * *(const VF *)(vr + KW);
-            a2 = a2 + pk * *(const VF *)(vr + 2 * KW);
-            a3 = a3 + pk * *(const VF *)(vr + 3 * KW);
+            a0 = KN(vfma)(pk, *(const VF *)vr, a0);
+            a1 = KN(vfma)(pk, *(const VF *)(vr + KW), a1);
+            a2 = KN(vfma)(pk, *(const VF *)(vr + 2 * KW), a2);
+            a3 = KN(vfma)(pk, *(const VF *)(vr + 3 * KW), a3);
         }
         *(VF *)(y + i) = a0;
         *(VF *)(y + i + KW) = a1;
@@ -155,11 +171,54 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
     }
     for (; i + KW <= d; i += KW) {
         VF a0 = *(VF *)(y + i);
-        for (int k = 0; k < nk; k++) a0 = a0 + KN(splat)(p[k]) * *(const VF *)(v + (size_t)k * stride + i);
+        for (int k = 0; k < nk; k++) a0 = KN(vfma)(KN(splat)(p[k]), *(const VF *)(v + (size_t)k * stride + i), a0);
         *(VF *)(y + i) = a0;
     }
     for (; i < d; i++)
-        for (int k = 0; k < nk; k++) y[i] += p[k] * v[(size_t)k * stride + (size_t)i];
+        for (int k = 0; k < nk; k++) y[i] = fmaf(p[k], v[(size_t)k * stride + (size_t)i], y[i]);
+}
+
+/* avsum for nh <= 4 heads at once over the same V rows: y_h[e] = fma(p_h[k], v[k·stride + e], y_h[e])
+ * for k = 0..nk-1 in order (y_h = y + h·ystride, p_h = p + h·pstride): each element gets exactly
+ * the operations of avsum, but every V row is read once for all the heads (blocks of 4 vectors
+ * per head: 16 accumulators). */
+KINL void KN(avsum_h)(float *y, size_t ystride, const float *p, size_t pstride, const float *v, size_t stride,
+                      int nk, int d, const int nh) {
+    int i = 0;
+    for (; i + 4 * KW <= d; i += 4 * KW) {
+        VF a[4][4];
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) a[h][b] = *(VF *)(y + h * ystride + i + b * KW);
+        for (int k = 0; k < nk; k++) {
+            const float *vr = v + (size_t)k * stride + i;
+            VF w[4];
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) w[b] = *(const VF *)(vr + b * KW);
+#pragma GCC unroll 4
+            for (int h = 0; h < nh; h++) {
+                const VF pk = KN(splat)(p[h * pstride + (size_t)k]);
+#pragma GCC unroll 4
+                for (int b = 0; b < 4; b++) a[h][b] = KN(vfma)(pk, w[b], a[h][b]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
+            for (int b = 0; b < 4; b++) *(VF *)(y + h * ystride + i + b * KW) = a[h][b];
+    }
+    for (int h = 0; h < nh; h++) KN(avsum)(y + h * ystride + i, p + h * pstride, v + i, stride, nk, d - i);
+}
+
+KTARGET static void KN(avsum_heads)(float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
+                                    size_t stride, int nk, int d) {
+    switch (nh) {
+    case 1: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 1); break;
+    case 2: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 2); break;
+    case 3: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 3); break;
+    default: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 4); break;
+    }
 }
 
 #undef KCAT2

@@ -13,7 +13,7 @@
 /* Attention work split (attention_range): keys in chunks of ATT_CHUNK absolute positions, query
  * heads of one KV head in sub-groups of at most ATT_SUB; per-thread scratch: the sub-group's
  * scores of a chunk, its running output and one chunk's output. */
-enum { ATT_CHUNK = 256, ATT_SUB = 4 };
+enum { ATT_CHUNK = 256, ATT_SUB = 4, ATT_SPLIT_M = 4 };
 #define ATT_TINY 0x1p-40f
 #define ATT_SCRATCH(dmax) ((size_t)ATT_SUB * ATT_CHUNK + 2 * (size_t)ATT_SUB * (size_t)(dmax))
 static inline int att_sub(int group) {
@@ -103,6 +103,9 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         s->act_q = zalloc((size_t)B * in * f, &fail);
     }
     s->scores = zalloc((size_t)n_threads * ATT_SCRATCH(2 * s->max_half) * f, &fail);
+    s->att_max_chunks = n_ctx / ATT_CHUNK + 1;
+    s->att_part = zalloc((size_t)(B < ATT_SPLIT_M ? B : ATT_SPLIT_M) * c->n_heads * s->att_max_chunks *
+                             (2 * (size_t)s->max_half + 2) * f, &fail);
     s->rope_cs = zalloc((size_t)B * s->n_rope * 2 * s->max_half * f, &fail);
     if (P) {
         s->ple = zalloc((size_t)B * L * P * f, &fail);
@@ -140,7 +143,7 @@ void g4_state_free(g4_state *s) {
     free(s->cache_cap); free(s->layer_rope);
     free(s->x); free(s->a); free(s->t); free(s->ffn); free(s->q); free(s->att); free(s->kv);
     free(s->act_q);
-    free(s->gate); free(s->up); free(s->scores); free(s->rope_cs); free(s->ple); free(s->ple_tmp);
+    free(s->gate); free(s->up); free(s->scores); free(s->att_part); free(s->rope_cs); free(s->ple); free(s->ple_tmp);
     free(s->router_p); free(s->top_e); free(s->top_w); free(s->x2); free(s->ex_in); free(s->ex_gu);
     free(s->ex_out); free(s->ex_res); free(s->ex_tok);
     free(s->dump_pos);
@@ -201,13 +204,75 @@ static inline int kv_run(const g4_state *s, int src, int k, int p) {
 }
 
 
-/* One item per (token, KV head, sub-group of at most ATT_SUB of its query heads): the visible keys
- * in chunks at absolute multiples of ATT_CHUNK positions, in ascending order. Per chunk: the
- * sub-group's scores as one small product (the chunk's K rows read once for all its heads), per
- * head a softmax within the chunk and the weighted sum of V (the chunk's V rows stay in L2 across
- * the heads); chunks merge into a running (max, sum, output) in chunk order, then out = acc / sum.
- * The chunking depends on the position only, never on M or the thread count, so every (token,
- * head) sees the same operations (exactness contract). Scale 1.0 (q and k are RMS-normed). */
+/* One chunk of keys [kb, ke] (inside the chunk at c0) for query heads h0 .. h0+nh-1 of token m
+ * (KV head g): the heads' scores as one small product (the chunk's K rows read once for all of
+ * them), then per head a softmax within the chunk and the weighted sum of V into out[hh] (stride
+ * ostride floats), with the chunk's max and sum in mx[hh], sum[hh]. Every (token, head) gets the
+ * same operations for a chunk wherever this runs. */
+static void att_chunk(const attn_job *j, float *sc, int m, int g, int h0, int nh, int kb, int ke, float *out,
+                      size_t ostride, float *mx, float *sum) {
+    g4_state *s = j->s;
+    const g4_config *c = &s->m->cfg;
+    const g4_layer_config *l = &c->layers[j->layer];
+    const int d = l->head_dim, p = s->stage_pos + m, n = ke - kb + 1;
+    const size_t row = (size_t)l->n_kv_heads * d, off = (size_t)g * d;
+    const float *q0 = s->q + (size_t)m * c->n_heads * d + (size_t)h0 * d;
+    /* scores over runs of keys contiguous in memory (cache ring up to its wrap, then the staged
+     * rows): sc[h][k - kb] = q_h · K_k, the same 16-lane dot per key as g4_dot_f32 */
+    for (int k = kb; k <= ke;) {
+        int run = kv_run(s, j->src, k, p);
+        if (run > ke - k + 1) run = ke - k + 1;
+        g4_mat km = g4_mat_dense(G4_DT_F32, run, d, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off);
+        km.row_bytes = row * sizeof(float);
+        g4_matmul_isa(j->isa, NULL, &km, q0, nh, sc + (k - kb), ATT_CHUNK);
+        k += run;
+    }
+    for (int hh = 0; hh < nh; hh++) {
+        float *sh = sc + (size_t)hh * ATT_CHUNK;
+        float mxh = -INFINITY;
+        for (int k = 0; k < n; k++) mxh = sh[k] > mxh ? sh[k] : mxh;
+        sum[hh] = g4_exp_sum_isa(j->isa, sh, mxh, sh, n);
+        mx[hh] = mxh;
+        /* weights below 2^-40 of the chunk's largest (exactly 1) are invisible in a float sum, but
+         * their products with V would be subnormal, which costs the CPU a microcode assist per
+         * operation (measured: attention 52 -> 12 ms per E2B token at context 4096): they become 0 */
+        for (int k = 0; k < n; k++) sh[k] = sh[k] < ATT_TINY ? 0.0f : sh[k];
+        memset(out + (size_t)hh * ostride, 0, sizeof(float) * d);
+    }
+    for (int k = kb; k <= ke;) { /* the weighted sums of V over the same runs, all heads per V row */
+        int run = kv_run(s, j->src, k, p);
+        if (run > ke - k + 1) run = ke - k + 1;
+        g4_avsum_heads_isa(j->isa, out, ostride, sc + (k - kb), ATT_CHUNK, nh,
+                           kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
+        k += run;
+    }
+}
+
+/* The running merge of a head's chunk partials, in chunk order: (mx_run, sum_run, a) absorbs the
+ * chunk (mx, sum, o). */
+static void att_merge(float *a, float *mx_run, float *sum_run, const float *o, float mx, float sum, int d) {
+    const float mn = *mx_run > mx ? *mx_run : mx;
+    float ea = g4_exp(*mx_run - mn), eb = g4_exp(mx - mn);
+    ea = ea < ATT_TINY ? 0.0f : ea; /* likewise: no subnormal products in the merge */
+    eb = eb < ATT_TINY ? 0.0f : eb;
+    for (int i = 0; i < d; i++) a[i] = a[i] * ea + o[i] * eb;
+    *sum_run = *sum_run * ea + sum * eb;
+    *mx_run = mn;
+}
+
+/* The visible keys of token m: [lo, p], in chunks at absolute multiples of ATT_CHUNK from `first`. */
+static inline void att_keys(const g4_state *s, const g4_layer_config *l, int m, int *lo, int *first, int *nch) {
+    const int p = s->stage_pos + m, w = s->m->cfg.sliding_window;
+    *lo = l->is_full ? 0 : (p - w + 1 > 0 ? p - w + 1 : 0);
+    *first = *lo / ATT_CHUNK * ATT_CHUNK;
+    *nch = p / ATT_CHUNK - *first / ATT_CHUNK + 1;
+}
+
+/* Attention, one item per (token, KV head, sub-group of at most ATT_SUB of its query heads): the
+ * visible keys chunk by chunk in ascending order (att_chunk), each chunk merged into a running
+ * (max, sum, output) as it comes (att_merge), then out = acc / sum. The chunking depends on the
+ * position only, never on M or the thread count, so every (token, head) sees the same operations
+ * (exactness contract). Scale 1.0 (q and k are RMS-normed). */
 static void attention_range(void *ctx, int i0, int i1, int tid) {
     const attn_job *j = ctx;
     g4_state *s = j->s;
@@ -215,66 +280,101 @@ static void attention_range(void *ctx, int i0, int i1, int tid) {
     const g4_layer_config *l = &c->layers[j->layer];
     const int nH = c->n_heads, d = l->head_dim, nkv = l->n_kv_heads, group = nH / nkv;
     const int sub = att_sub(group), nsub = (group + sub - 1) / sub, dmax = 2 * s->max_half;
-    const size_t row = (size_t)nkv * d, nq = (size_t)nH * d;
+    const size_t nq = (size_t)nH * d;
     float *sc = s->scores + (size_t)tid * ATT_SCRATCH(dmax); /* [ATT_SUB][ATT_CHUNK] */
     float *acc = sc + ATT_SUB * ATT_CHUNK, *co = acc + (size_t)ATT_SUB * dmax; /* [ATT_SUB][dmax] each */
     for (int it = i0; it < i1; it++) {
         const int m = it / (nkv * nsub), g = it / nsub % nkv, h0 = g * group + it % nsub * sub;
         const int nh = group - it % nsub * sub < sub ? group - it % nsub * sub : sub, p = s->stage_pos + m;
-        const int lo = l->is_full ? 0 : (p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0);
-        const int first = lo / ATT_CHUNK * ATT_CHUNK;
-        const float *q0 = s->q + (size_t)m * nq + (size_t)h0 * d;
-        const size_t off = (size_t)g * d;
-        float mx_run[ATT_SUB], sum_run[ATT_SUB];
+        int lo, first, nch;
+        att_keys(s, l, m, &lo, &first, &nch);
+        float mx_run[ATT_SUB], sum_run[ATT_SUB], mx[ATT_SUB], sum[ATT_SUB];
         for (int c0 = first; c0 <= p; c0 += ATT_CHUNK) {
-            const int kb = lo > c0 ? lo : c0, ke = p < c0 + ATT_CHUNK - 1 ? p : c0 + ATT_CHUNK - 1, n = ke - kb + 1;
-            /* scores over runs of keys contiguous in memory (cache ring up to its wrap, then the
-             * staged rows): sc[h][k - kb] = q_h · K_k, the same 16-lane dot per key as g4_dot_f32 */
-            for (int k = kb; k <= ke;) {
-                int run = kv_run(s, j->src, k, p);
-                if (run > ke - k + 1) run = ke - k + 1;
-                g4_mat km = g4_mat_dense(G4_DT_F32, run, d, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off);
-                km.row_bytes = row * sizeof(float);
-                g4_matmul_isa(j->isa, NULL, &km, q0, nh, sc + (k - kb), ATT_CHUNK);
-                k += run;
-            }
-            for (int hh = 0; hh < nh; hh++) {
-                float *sh = sc + (size_t)hh * ATT_CHUNK, *o = c0 == first ? acc + (size_t)hh * dmax : co;
-                float mx = -INFINITY;
-                for (int k = 0; k < n; k++) mx = sh[k] > mx ? sh[k] : mx;
-                const float sum = g4_exp_sum_isa(j->isa, sh, mx, sh, n);
-                /* weights below 2^-40 of the chunk's largest (exactly 1) are invisible in a float
-                 * sum, but their products with V would be subnormal, which costs the CPU a
-                 * microcode assist per operation (measured: attention 52 -> 12 ms per E2B token at
-                 * context 4096): they become 0 */
-                for (int k = 0; k < n; k++) sh[k] = sh[k] < ATT_TINY ? 0.0f : sh[k];
-                memset(o, 0, sizeof(float) * d);
-                for (int k = kb; k <= ke;) { /* the weighted sum of V over the same runs */
-                    int run = kv_run(s, j->src, k, p);
-                    if (run > ke - k + 1) run = ke - k + 1;
-                    g4_avsum_isa(j->isa, o, sh + (k - kb), kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
-                    k += run;
-                }
-                if (c0 == first) { /* the first chunk starts the running merge */
-                    mx_run[hh] = mx;
-                    sum_run[hh] = sum;
-                    continue;
-                }
-                const float mn = mx_run[hh] > mx ? mx_run[hh] : mx;
-                float ea = g4_exp(mx_run[hh] - mn), eb = g4_exp(mx - mn);
-                ea = ea < ATT_TINY ? 0.0f : ea; /* likewise: no subnormal products in the merge */
-                eb = eb < ATT_TINY ? 0.0f : eb;
-                float *a = acc + (size_t)hh * dmax;
-                for (int i = 0; i < d; i++) a[i] = a[i] * ea + o[i] * eb;
-                sum_run[hh] = sum_run[hh] * ea + sum * eb;
-                mx_run[hh] = mn;
-            }
+            const int kb = lo > c0 ? lo : c0, ke = p < c0 + ATT_CHUNK - 1 ? p : c0 + ATT_CHUNK - 1;
+            const int head = c0 == first; /* the first chunk starts the running merge */
+            att_chunk(j, sc, m, g, h0, nh, kb, ke, head ? acc : co, (size_t)dmax, head ? mx_run : mx, head ? sum_run : sum);
+            if (!head)
+                for (int hh = 0; hh < nh; hh++)
+                    att_merge(acc + (size_t)hh * dmax, &mx_run[hh], &sum_run[hh], co + (size_t)hh * dmax, mx[hh], sum[hh], d);
         }
         for (int hh = 0; hh < nh; hh++) {
             float *out = s->att + (size_t)m * nq + (size_t)(h0 + hh) * d;
             const float *a = acc + (size_t)hh * dmax;
             for (int i = 0; i < d; i++) out[i] = a[i] / sum_run[hh];
         }
+    }
+}
+
+/* Blocks of at most ATT_SPLIT_M tokens (decode, verify) have too few items above to keep the
+ * threads busy at long contexts, and each item streams all its keys alone: there one item per
+ * (token, KV head, chunk, sub-group of query heads) writes the chunk partials att_part[m][h][chunk]
+ * = (max, sum, output) (a chunk's sub-groups are adjacent items, so the thread that claims both
+ * reads its K/V rows from DRAM once); attention_merge_range then merges each head's partials in
+ * chunk order. The same att_chunk and att_merge operations in the same order as
+ * attention_range, so the same bits. */
+static inline float *att_part_at(const g4_state *s, int m, int h, int ci) {
+    return s->att_part + (((size_t)m * s->m->cfg.n_heads + (size_t)h) * (size_t)s->att_max_chunks + (size_t)ci) *
+                             (2 * (size_t)s->max_half + 2);
+}
+
+static int att_split_items(const g4_state *s, const g4_layer_config *l, int M) {
+    const int group = s->m->cfg.n_heads / l->n_kv_heads, sub = att_sub(group), nsub = (group + sub - 1) / sub;
+    int items = 0, lo, first, nch;
+    for (int m = 0; m < M; m++) {
+        att_keys(s, l, m, &lo, &first, &nch);
+        items += l->n_kv_heads * nch * nsub;
+    }
+    return items;
+}
+
+static void attention_split_range(void *ctx, int i0, int i1, int tid) {
+    const attn_job *j = ctx;
+    g4_state *s = j->s;
+    const g4_config *c = &s->m->cfg;
+    const g4_layer_config *l = &c->layers[j->layer];
+    const int nkv = l->n_kv_heads, group = c->n_heads / nkv, sub = att_sub(group), nsub = (group + sub - 1) / sub;
+    const int dmax = 2 * s->max_half;
+    const size_t ostride = (size_t)s->att_max_chunks * ((size_t)dmax + 2); /* from head h to h + 1 */
+    float *sc = s->scores + (size_t)tid * ATT_SCRATCH(dmax);
+    for (int it = i0; it < i1; it++) {
+        int m = 0, rest = it, lo = 0, first = 0, nch = 0;
+        for (;; m++) { /* item -> (token, KV head, chunk, sub-group) */
+            att_keys(s, l, m, &lo, &first, &nch);
+            if (rest < nkv * nch * nsub) break;
+            rest -= nkv * nch * nsub;
+        }
+        const int g = rest / (nch * nsub), ci = rest / nsub % nch, h0 = g * group + rest % nsub * sub;
+        const int nh = (g + 1) * group - h0 < sub ? (g + 1) * group - h0 : sub;
+        const int c0 = first + ci * ATT_CHUNK, p = s->stage_pos + m;
+        const int kb = lo > c0 ? lo : c0, ke = p < c0 + ATT_CHUNK - 1 ? p : c0 + ATT_CHUNK - 1;
+        float mx[ATT_SUB], sum[ATT_SUB], *part = att_part_at(s, m, h0, ci);
+        att_chunk(j, sc, m, g, h0, nh, kb, ke, part + 2, ostride, mx, sum);
+        for (int hh = 0; hh < nh; hh++) {
+            part[hh * ostride] = mx[hh];
+            part[hh * ostride + 1] = sum[hh];
+        }
+    }
+}
+
+static void attention_merge_range(void *ctx, int i0, int i1, int tid) {
+    (void)tid;
+    const attn_job *j = ctx;
+    g4_state *s = j->s;
+    const g4_config *c = &s->m->cfg;
+    const g4_layer_config *l = &c->layers[j->layer];
+    const int nH = c->n_heads, d = l->head_dim;
+    for (int it = i0; it < i1; it++) {
+        const int m = it / nH, h = it % nH;
+        int lo, first, nch;
+        att_keys(s, l, m, &lo, &first, &nch);
+        const float *p0 = att_part_at(s, m, h, 0);
+        float *a = s->att + ((size_t)m * nH + (size_t)h) * d, mx_run = p0[0], sum_run = p0[1];
+        memcpy(a, p0 + 2, sizeof(float) * (size_t)d);
+        for (int ci = 1; ci < nch; ci++) {
+            const float *pc = att_part_at(s, m, h, ci);
+            att_merge(a, &mx_run, &sum_run, pc + 2, pc[0], pc[1], d);
+        }
+        for (int i = 0; i < d; i++) a[i] = a[i] / sum_run;
     }
 }
 
@@ -637,7 +737,12 @@ g4_status g4_forward(g4_state *s, g4_threadpool *pool, const int32_t *tokens, in
         /* attention, o_proj, post_attention_layernorm, residual; pre_feedforward_layernorm */
         attn_job aj = {s, li, src, M, g4_isa_best()};
         prof_mark(s, G4_PROF_OTHER);
-        g4_parallel_for(pool, att_items(&c->layers[li], nH, M), 1, attention_range, &aj);
+        if (M <= ATT_SPLIT_M) { /* chunk partials in parallel, then the ordered merge per head */
+            g4_parallel_for(pool, att_split_items(s, lc, M), 1, attention_split_range, &aj);
+            g4_parallel_for(pool, M * nH, 1, attention_merge_range, &aj);
+        } else {
+            g4_parallel_for(pool, att_items(lc, nH, M), 1, attention_range, &aj);
+        }
         prof_mark(s, G4_PROF_ATTN);
         dump_rows(s, "attn_out", li, M, s->att, nq, nq);
         matmul_q(s, pool, &w->wo, s->att, M, s->t, H);

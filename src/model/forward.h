@@ -35,6 +35,8 @@ typedef struct g4_state {
     float *x, *a, *q, *kv, *att, *t, *ffn, *gate, *up, *ple, *ple_tmp;
     float *act_q;               /* QAT input fake-quantisation copy [max_batch][widest matmul input] */
     float *scores;              /* attention scratch per thread (forward.c, ATT_SCRATCH) */
+    float *att_part;            /* attention chunk partials of blocks of <= ATT_SPLIT_M tokens */
+    int att_max_chunks;         /* chunks of keys a query can see (n_ctx / ATT_CHUNK + 1) */
     int n_rope;                 /* distinct RoPE kinds */
     g4_rope_kind rope[8];
     int *layer_rope;            /* [L] index into rope */
