@@ -61,13 +61,14 @@ case $llama in node|native) ;; *) die "--llama takes node or native" ;; esac
 # --- prerequisites, each with the command that fixes it
 command -v node >/dev/null || die "node not found (Debian: apt-get install nodejs npm; node >= 18)"
 nodemajor=$(node -p 'process.versions.node.split(".")[0]')
-[ "$nodemajor" -ge 18 ] || die "node $(node --version) is too old; node-llama-cpp needs >= 18"
+[ "$nodemajor" -ge 18 ] || die "node $(node --version) is too old (the race needs >= 18)"
 llamadir=${G4_LLAMA_DIR:-$root/.llama}
 if [ "$llama" = native ]; then
     lbench=${lbench:-$llamadir/llama.cpp/build-native/bin/llama-bench}
     [ -x "$lbench" ] || die "no llama-bench at $lbench (run: bash scripts/install_llama.sh --native, or pass --llama-bench PATH)"
     [ -z "$kv" ] || die "--kv is for --llama node"
 else
+    [ "$nodemajor" -ge 20 ] || die "node $(node --version) is too old for node-llama-cpp (>= 20; or use --llama native)"
     [ -f "$llamadir/node_modules/node-llama-cpp/package.json" ] ||
         die "node-llama-cpp is not installed in $llamadir (run: bash scripts/install_llama.sh)"
 fi
