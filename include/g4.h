@@ -158,7 +158,9 @@ typedef struct g4_generate_options {
     struct g4_sampler *sampler;  /* NULL: greedy (argmax, lowest index on ties) */
     g4_drafter *drafter;         /* NULL: no speculation */
     int draft_k;                 /* most drafts per round, 1..G4_MAX_DRAFT (0: 4) */
-    int draft_fixed;             /* 1: always draft draft_k (else k adapts to recent acceptance) */
+    int draft_fixed;             /* 1: always draft draft_k; else greedy picks k per round (0 = a plain
+                                    step) from measured step/verify/draft times and acceptance, and
+                                    sampling adapts k to recent acceptance */
     /* Called for every emitted token with the logits it was chosen from; a non-zero return ends
      * generation after this token. May be NULL. */
     int (*on_token)(void *user, int32_t token, const float *logits, int n_vocab);

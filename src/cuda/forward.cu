@@ -921,6 +921,15 @@ DEVN void warp_norm_rope(const float *x, float *y, const float *w, int d, int ro
     __syncwarp();
 }
 
+/* Where token m's (position pq) normed K and V rows of KV head h go: the cache slot in direct mode,
+ * else the staging rows the commit copies */
+DEV void kv_dest(const g4c_op *op, const g4c_params &p, int m, int pq, int h, float **kd, float **vd) {
+    const size_t row = (size_t)op->n_kv * op->d;
+    const size_t at = (p.direct ? (size_t)(pq % op->cap_rows) : (size_t)m) * row + (size_t)h * op->d;
+    *kd = (p.direct ? op->kc : op->kst) + at;
+    *vd = (p.direct ? op->vc : op->vst) + at;
+}
+
 DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, own = op->qkv_own;
     const int Mq = op->drafter ? 1 : p.M, per = nH + (own ? 2 * nkv : 0), row = nkv * d;
@@ -939,14 +948,7 @@ DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         const float *kr = op->kraw + (size_t)m * row + (size_t)h * d;
         const float *vr = op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)h * d;
         float *kd, *vd;
-        if (p.direct) {
-            size_t slot = (size_t)(pq % op->cap_rows);
-            kd = op->kc + slot * row + (size_t)h * d;
-            vd = op->vc + slot * row + (size_t)h * d;
-        } else {
-            kd = op->kst + (size_t)m * row + (size_t)h * d;
-            vd = op->vst + (size_t)m * row + (size_t)h * d;
-        }
+        kv_dest(op, p, m, pq, h, &kd, &vd);
         if (is_v) warp_norm_rope(vr, vd, NULL, d, 0, 0, NULL, NULL, 0, p.eps, buf); /* v: the raw k on K=V layers */
         else warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
     }
@@ -1065,14 +1067,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
         if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
         if (op->heads && op->qkv_own && hh == 0 && k1 == pq) { /* this token's K/V row, as op_heads stores it */
             float *kd, *vd;
-            if (p.direct) {
-                const size_t slot = (size_t)(pq % cap);
-                kd = op->kc + slot * row + (size_t)g * d;
-                vd = op->vc + slot * row + (size_t)g * d;
-            } else {
-                kd = op->kst + (size_t)m * row + (size_t)g * d;
-                vd = op->vst + (size_t)m * row + (size_t)g * d;
-            }
+            kv_dest(op, p, m, pq, g, &kd, &vd);
 #pragma unroll 1
             for (int e = tid; e < d; e += G4C_THREADS) {
                 kd[e] = ks[(size_t)(n - 1) * d + e];

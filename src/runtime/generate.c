@@ -281,16 +281,15 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         if (st) break;
         t = next;
         st = emit(&g, t, row);
-        /* adapt k: grow after a clean sweep, shrink to what was accepted; pause drafting while
-         * acceptance is too low to pay for the drafter */
-        if (costed) { /* drafts compared: the accepted ones and the first rejected one */
+        if (costed) { /* α for the cost model; drafts compared: the accepted ones and the first rejected one */
             n_acc = 0.9 * n_acc + n;
             n_cmp = 0.9 * n_cmp + (n < k ? n + 1 : n);
-        }
-        if (!o->draft_fixed) {
+        } else if (!o->draft_fixed) {
+            /* sampling: grow k after a clean sweep, shrink it to what was accepted; pause drafting
+             * while acceptance is too low to pay for the drafter */
             k_cur = n == k ? (k_cur < kmax ? k_cur + 1 : kmax) : (n + 1 < kmax ? n + 1 : kmax);
             acc_ema = 0.8 * acc_ema + 0.2 * ((double)n / k);
-            if (acc_ema < 0.15 && !costed) {
+            if (acc_ema < 0.15) {
                 skip = 16;
                 acc_ema = 0.5;
                 k_cur = 1;
