@@ -10,7 +10,7 @@
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
- *                  [--mode evict_first,op_local] [--no-breakdown] [--trace-m M] */
+ *                  [--mode evict_first,op_local] [--mma MASK] [--no-breakdown] [--trace-m M] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +47,7 @@ typedef struct {
     const char *storage, *tune, *ctx, *trace;
     int breakdown, trace_m; /* --trace-m: tokens per traced step (a verify block when > 1) */
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
+    int mma;                   /* --mma MASK: G4_CUDA_MMA for the session (-1: leave the environment) */
 } bench_opts;
 
 static int cmp_u64(const void *a, const void *b) {
@@ -161,6 +162,11 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
     }
     const int ctx_max = cmax + n_tok + 64;
     g4_session *s = NULL;
+    if (bo->mma >= 0) { /* read when the CUDA session is created (its weights' layout follows it) */
+        char v[16];
+        snprintf(v, sizeof v, "%d", bo->mma);
+        setenv("G4_CUDA_MMA", v, 1);
+    }
     g4_session_options opt = {.n_ctx = ctx_max, .max_batch = 64, .device = G4_DEVICE_CUDA};
     if (g4_session_create(m, &opt, &s, &err)) {
         fprintf(stderr, "session: %s\n", err.message);
@@ -300,7 +306,7 @@ int main(int argc, char **argv) {
     const char *archs = "e2b,e4b";
     int n_tok = 128, n_layers = 0;
     bench_opts bo = {.storage = "bf16", .tune = NULL, .ctx = "128,4096", .trace = NULL, .breakdown = 1, .trace_m = 1,
-                     .evict_first = 1, .op_local = 1};
+                     .evict_first = 1, .op_local = 1, .mma = -1};
     setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut short by a time limit still shows how far it got */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--arch") && i + 1 < argc) archs = argv[++i];
@@ -313,11 +319,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
         }
+        else if (!strcmp(argv[i], "--mma") && i + 1 < argc) bo.mma = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--no-breakdown] [--trace-m M]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--no-breakdown] [--trace-m M]\n");
             return 2;
         }
     }

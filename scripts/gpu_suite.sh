@@ -52,6 +52,12 @@ if [ -n "$FIX" ]; then
   if run timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.exact"; then r=PASS; else r=FAIL; fail=1; fi
   cat "$LOG.exact" >>"$LOG"
   summary+=("$r gpu_exact: $(tail -n 1 "$LOG.exact")")
+  # the tensor-core procedure for bf16 matmuls (G4_CUDA_MMA=4: tiled weights, mm_tile_mma): the
+  # same checks, its own bits
+  say "== GPU exactness tests, bf16 on the tensor cores (G4_CUDA_MMA=4)"
+  if G4_CUDA_MMA=4 run timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.mma"; then r=PASS; else r=FAIL; fail=1; fi
+  cat "$LOG.mma" >>"$LOG"
+  summary+=("$r gpu_exact (tensor cores): $(tail -n 1 "$LOG.mma")")
 fi
 # quantised weights (GGUF Q8_0/Q4_0, MLX 4/8-bit, QAT int4/int8): fixtures converted with
 # `g4 convert`, each compared with the same weights dequantised to f32 on the CPU (both sides then

@@ -92,6 +92,11 @@ DEV float q_param(const char *row, int off, int stype, int g) {
 /* element (r, c) of a matrix as float (embedding gathers); out of line: code size is time here
  * (every stage's code is fetched again from L2 when the instruction cache has moved on) */
 DEVR float mat_at(const g4c_mat &m, long long r, int c) {
+    if (m.flags & G4C_QF_TILED) { /* bf16 in the tensor cores' tiles (program.h) */
+        const char *e = (const char *)m.data + ((r >> 4) * (m.cols >> 5) + (c >> 5)) * 1024 + ((r >> 3) & 1) * 512 +
+                        ((r & 7) * 4 + ((c & 31) >> 3)) * 16 + (c & 7) * 2;
+        return bf16f(__ldg((const unsigned short *)e));
+    }
     const char *row = (const char *)m.data + r * m.row_bytes;
     if (m.type == G4C_F32) return __ldg((const float *)row + c);
     if (m.type == G4C_F16 || m.type == G4C_BF16) {
@@ -725,6 +730,7 @@ DEVR void mm_prefetch_item(const g4c_op *op, const mm_shape sh, int it) {
 DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp) {
     if (p.pf_items <= 0 || op->kind != G4C_OP_MATMUL) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, S = op->split;
+    if (op->mma_ks) return; /* tensor-core stages: no L2 lookahead */
     if (lane || warp % S || (only_warp >= 0 && warp != only_warp)) return;
     const mm_shape sh = mm_shape_of(op, p);
     const int tpb = G4C_WARPS / S, tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb;
@@ -824,6 +830,264 @@ DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, fl
     }
 }
 
+/* ---- tensor-core matmul (bf16 weights) ---------------------------------------------------------- */
+
+/* The other reduction procedure, for stages whose bf16 matrices the session uploaded in the tiled
+ * layout (program.h G4C_QF_TILED; op->mma_ks > 0), used for every M. An item is a 16-row tile and
+ * one of mma_ks K segments (>= 8 k-steps of 32 columns; a function of the shape), one warp each.
+ * Per k-step and 8 tokens, six m16n8k16 products accumulate into the warp's f32 fragment in a fixed
+ * order: the two 16-column slots, each against the input split exactly as x = h + m + l (three
+ * bf16s: products exact, the split within 2^-26 |x|). Segments' fragments are added in segment
+ * order by the tile's last warp to finish. Token n of a group is column n of the product, computed
+ * by the same datapath whatever the other columns hold, so a token's outputs do not depend on M or
+ * on its place in the tile (gpu_exact checks M = 1, 3, 7, 64 bitwise). */
+DEV void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* (a, b) -> three bf16 pairs, x = h + m + l to within 2^-26 |x| (h = bf16(x), m = bf16(x - h),
+ * l = bf16(x - h - m); each difference is exact in f32): a in the low halves. Two terms (~2^-17)
+ * measured 8x the f32 path's logit error on the fixtures. */
+DEV unsigned bf16x2_rn(float a, float b) {
+    unsigned h;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(b), "f"(a));
+    return h;
+}
+DEV void split_bf16(float a, float b, unsigned &hi, unsigned &mid, unsigned &lo) {
+    hi = bf16x2_rn(a, b);
+    a = a - __uint_as_float(hi << 16);
+    b = b - __uint_as_float(hi & 0xffff0000u);
+    mid = bf16x2_rn(a, b);
+    a = a - __uint_as_float(mid << 16);
+    b = b - __uint_as_float(mid & 0xffff0000u);
+    lo = bf16x2_rn(a, b);
+}
+
+DEV bool mma_stage(const g4c_op *op) { return op->mma_ks > 0; }
+
+/* UU k-steps from ks0 of one item: every weight load first (2·UU·NP 16-byte loads in flight per
+ * lane), then per k-step and token group the input split and six products. Straight-line code:
+ * with a guard or a loop the compiler cannot unroll, the loaded fragments go to local memory, each
+ * spill store waits for its load, and the loads are no longer in flight together. */
+template <int UU, int NG, int NP>
+DEV void mma_ksteps(float (&c)[NG][NP][4], const char *const (&wr)[NP], int ks0, const float *sm, int ldk, int mt, int g,
+                    int t, unsigned long long pol) {
+    uint4 wa[UU][NP], wb[UU][NP];
+#pragma unroll
+    for (int u = 0; u < UU; u++)
+#pragma unroll
+        for (int f = 0; f < NP; f++) {
+            wa[u][f] = ld_w16(wr[f] + (size_t)(ks0 + u) * 1024, pol);
+            wb[u][f] = ld_w16(wr[f] + (size_t)(ks0 + u) * 1024 + 512, pol);
+        }
+#pragma unroll
+    for (int u = 0; u < UU; u++) {
+        const int ks = ks0 + u;
+#pragma unroll
+        for (int q = 0; q < NG; q++) {
+            const int m = 8 * q + g;
+            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+            if (m < mt) {
+                const float *xp = sm + (size_t)m * ldk + px(32 * ks + 8 * t);
+                x0 = *reinterpret_cast<const float4 *>(xp);
+                x1 = *reinterpret_cast<const float4 *>(xp + 4);
+            }
+            unsigned h[4], md[4], l[4];
+            split_bf16(x0.x, x0.y, h[0], md[0], l[0]);
+            split_bf16(x0.z, x0.w, h[1], md[1], l[1]);
+            split_bf16(x1.x, x1.y, h[2], md[2], l[2]);
+            split_bf16(x1.z, x1.w, h[3], md[3], l[3]);
+#pragma unroll
+            for (int f = 0; f < NP; f++) {
+                const uint4 A = wa[u][f], B = wb[u][f];
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, h[0], h[1]);
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, md[0], md[1]);
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, l[0], l[1]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, h[2], h[3]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, md[2], md[3]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, l[2], l[3]);
+            }
+        }
+    }
+}
+enum { MMA_U = 4 }; /* k-steps per batch of loads (8 measured the same on the H200) */
+
+/* One input tile (tokens t0 .. t0+mt-1, mt <= 8·NG, the tile'th of the stage) of a tensor-core
+ * stage. Items are (16-row tile, K segment) pairs, one warp each; a segment's fragments go to
+ * p.mma_part and the last warp to finish a row tile (a counter per tile and row tile) adds the
+ * segments in segment order and runs the epilogue. */
+template <int NG, int NP>
+DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int tile) {
+    const mm_shape sh = mm_shape_of(op, p);
+    const int pair = NP == 2, epi = op->epi, KS = op->mma_ks;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nks = K / 32, seg = nks / KS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float cap = op->cap;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    int rtiles = 0;
+    if (sh.nparts) {
+        if (pair) rtiles = (op->part[0].w.rows + 15) / 16;
+        else
+            for (int i = 0; i < sh.nparts; i++) rtiles += (op->part[i].w.rows + 15) / 16;
+    }
+    const int total = rtiles * KS;
+    float bv[NG][2];
+    int bi[NG][2];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+        for (int c = 0; c < 2; c++) {
+            bv[q][c] = -INFINITY;
+            bi[q][c] = INT_MAX;
+        }
+#pragma unroll 1
+    for (int it = blockIdx.x + (int)gridDim.x * warp; it < total; it += (int)gridDim.x * G4C_WARPS) {
+        const int rt = it / KS, sg = it - rt * KS;
+        int pi = 0, li = rt;
+        if (!pair)
+            while (pi + 1 < sh.nparts && li >= (op->part[pi].w.rows + 15) / 16) li -= (op->part[pi++].w.rows + 15) / 16;
+        const g4c_part *P0 = &op->part[pi];
+        const int rows = P0->w.rows, r0 = 16 * li;
+        const char *wr[NP]; /* the tile's k-step blocks (program.h G4C_QF_TILED): this lane's row g at +0, row g+8 at +512 */
+#pragma unroll
+        for (int f = 0; f < NP; f++)
+            wr[f] = (const char *)op->part[f && pair ? 1 : pi].w.data + (size_t)li * nks * 1024 + 16 * lane;
+        float c[NG][NP][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int f = 0; f < NP; f++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) c[q][f][e] = 0.0f;
+        const int ks_beg = sg * seg, ks_end = ks_beg + seg;
+        /* the segment's blocks are contiguous per matrix: into L2 ahead of the register loads below */
+        constexpr int U = NP == 1 ? MMA_U : (MMA_U / 2 > 0 ? MMA_U / 2 : 1);
+        if (lane == 0 && seg > U)
+#pragma unroll
+            for (int f = 0; f < NP; f++) pf_l2(wr[f] + (size_t)ks_beg * 1024, (long long)seg * 1024);
+        int ks0 = ks_beg;
+#pragma unroll 1
+        for (; ks0 + U <= ks_end; ks0 += U) mma_ksteps<U, NG, NP>(c, wr, ks0, sm, ldk, mt, g, t, pol);
+#pragma unroll 1
+        for (; ks0 < ks_end; ks0++) mma_ksteps<1, NG, NP>(c, wr, ks0, sm, ldk, mt, g, t, pol);
+        if (KS > 1) { /* this segment's fragments out; the row tile's last segment adds them all in order */
+            float *pb = p.mma_part + (size_t)rt * KS * 2 * 16 * p.mma_tokens;
+#pragma unroll
+            for (int q = 0; q < NG; q++)
+#pragma unroll
+                for (int f = 0; f < NP; f++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int m = 8 * q + 2 * t + (e & 1);
+                        if (m < mt)
+                            pb[(((size_t)sg * 2 + f) * p.mma_tokens + t0 + m) * 16 + g + (e >> 1) * 8] = c[q][f][e];
+                    }
+            __threadfence();
+            __syncwarp();
+            int last = 0;
+            if (lane == 0) {
+                int *cnt = p.mma_cnt + (size_t)tile * G4C_MMA_MAXITEMS + rt;
+                last = atomicAdd(cnt, 1) == KS - 1;
+                if (last) *cnt = 0;
+            }
+            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+            __threadfence();
+            /* the segments in order; SC segments' values loaded ahead of their adds */
+            constexpr int SC = 32 / (NG * NP * 4) > 0 ? 32 / (NG * NP * 4) : 1;
+            const size_t ss = (size_t)2 * 16 * p.mma_tokens;
+#pragma unroll 1
+            for (int s0 = 0; s0 < KS; s0 += SC) {
+                float pv[SC][NG][NP][4];
+#pragma unroll
+                for (int k = 0; k < SC; k++)
+#pragma unroll
+                    for (int q = 0; q < NG; q++)
+#pragma unroll
+                        for (int f = 0; f < NP; f++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int m = 8 * q + 2 * t + (e & 1);
+                                pv[k][q][f][e] = s0 + k < KS && m < mt
+                                                     ? lda(pb + (size_t)(s0 + k) * ss + ((size_t)f * p.mma_tokens + t0 + m) * 16 + g + (e >> 1) * 8)
+                                                     : 0.0f;
+                            }
+#pragma unroll
+                for (int k = 0; k < SC; k++)
+#pragma unroll
+                    for (int q = 0; q < NG; q++)
+#pragma unroll
+                        for (int f = 0; f < NP; f++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                if (s0 + k < KS) c[q][f][e] = s0 + k == 0 ? pv[k][q][f][e] : c[q][f][e] + pv[k][q][f][e];
+            }
+        }
+        /* epilogue: lane (g, t) holds rows r0+g, r0+g+8 of tokens 8q+2t, 8q+2t+1 */
+        float *y = P0->y + (size_t)step * P0->y_step;
+        float *y2 = P0->y2;
+        const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 2 * t + (e & 1), m = 8 * q + col, r = r0 + g + (e >> 1) * 8;
+                if (m >= mt || r >= rows) continue;
+                const size_t tm = (size_t)(t0 + m);
+                if (pair) {
+                    y[tm * ldy + r] = gelu_tanh(c[q][0][e]) * c[q][NP - 1][e];
+                    continue;
+                }
+                float val = c[q][0][e];
+                if (epi == G4C_EPI_SOFTCAP) val = cap * tanhf(val / cap);
+                else if (epi == G4C_EPI_PLE_GATE) val = gelu_tanh(val) * lda(op->ple + tm * op->ple_ld + r);
+                y[tm * ldy + r] = val;
+                if (y2) y2[(size_t)step * P0->y2_step + tm * ldy + r] = val;
+                if (track && better(val, r, bv[q][e & 1], bi[q][e & 1])) {
+                    bv[q][e & 1] = val;
+                    bi[q][e & 1] = r;
+                }
+            }
+    }
+    if (amax) { /* per warp: reduce over g (lane bits 2..4); per block: over warps (a total order: any order) */
+        float *sv = sm + p.smem_in_floats - G4C_MMA_SCRATCH;
+        int *si = reinterpret_cast<int *>(sv + G4C_WARPS * 32);
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                float v = bv[q][cc];
+                int i = bi[q][cc];
+                for (int o = 4; o < 32; o <<= 1) {
+                    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+                    if (better(ov, oi, v, i)) {
+                        v = ov;
+                        i = oi;
+                    }
+                }
+                if (g == 0) {
+                    sv[warp * 32 + 8 * q + 2 * t + cc] = v;
+                    si[warp * 32 + 8 * q + 2 * t + cc] = i;
+                }
+            }
+        __syncthreads();
+        if ((int)threadIdx.x < mt) {
+            const int m = threadIdx.x;
+            float v = -INFINITY;
+            int i = INT_MAX;
+            for (int w = 0; w < G4C_WARPS; w++)
+                if (better(sv[w * 32 + m], si[w * 32 + m], v, i)) {
+                    v = sv[w * 32 + m];
+                    i = si[w * 32 + m];
+                }
+            p.amax_part[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = v;
+            p.amax_idx[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = i;
+        }
+    }
+    __syncthreads(); /* the argmax scratch may be part of the next tile */
+}
+
 /* a matmul stage: its parts share one weight type (the host splits stages where they differ) */
 DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
     const tail_t tl = tail_of(sm, p);
@@ -833,18 +1097,33 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     int amax = 0;
     for (int i = 0; i < sh.nparts; i++)
         if (op->part[i].argmax) amax = op->part[i].argmax;
-    int mt_cap = p.smem_in_floats / ldk;
-    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    const bool mma = mma_stage(op);
+    int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
+    if (mt_cap > (mma ? 4 * 8 : G4C_MT)) mt_cap = mma ? 4 * 8 : G4C_MT;
     const int warp = threadIdx.x >> 5;
     for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
-        if (mt > 1 && op->in.kind != G4C_IN_CONCAT && load_rows_floats(op->in, K, mt) <= (size_t)p.smem_in_floats)
-            load_rows(op->in, K, t0, mt, step, sm, (double *)tl.tp, p);
-        else
-            load_input(&op->in, K, t0, mt, step, sm, tl.red, p);
+        for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
+            const int sub = min(G4C_MT, mt - m0);
+            float *base = sm + (size_t)m0 * ldk;
+            if (sub > 1 && op->in.kind != G4C_IN_CONCAT &&
+                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats)
+                load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p);
+            else
+                load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p);
+        }
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
-        if (sh.total) {
+        if (sh.total && mma) {
+            const int tile = (t0 - m_begin) / mt_cap;
+            if (sh.pair) {
+                if (mt <= 8) mm_tile_mma<1, 2>(op, p, step, sm, t0, mt, amax, tile);
+                else mm_tile_mma<4, 2>(op, p, step, sm, t0, mt, amax, tile);
+            } else {
+                if (mt <= 8) mm_tile_mma<1, 1>(op, p, step, sm, t0, mt, amax, tile);
+                else mm_tile_mma<4, 1>(op, p, step, sm, t0, mt, amax, tile);
+            }
+        } else if (sh.total) {
             if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);
             else if (mt <= 4) mm_tile_t<4>(type, op, p, step, sm, t0, mt, amax);
             else mm_tile_t<G4C_MT>(type, op, p, step, sm, t0, mt, amax);

@@ -34,6 +34,9 @@ enum {
     G4C_MAXD = 512,      /* head dim */
     G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
     G4C_IN_NPT = 6144 / G4C_THREADS, /* normed input rows: elements per thread (K <= 6144) */
+    G4C_MMA_MAXITEMS = 4096, /* tensor-core stages split K until this many (row tile, segment) items */
+    G4C_MMA_SCRATCH = 2 * G4C_WARPS * 32, /* shared floats after a tensor-core stage's input tile: argmax
+                                             (value, index) per warp and token */
 };
 
 /* weight element types on the device. Dense rows are the checkpoint's; quantised rows are
@@ -43,7 +46,13 @@ enum {
  * with z = 128 / 8 for signed codes (Q8 read as int8), 0 for unsigned ones; one scale (and bias)
  * per `group` columns (group ≥ 32), stored as f32, f16 or bf16. */
 enum { G4C_F32 = 0, G4C_F16 = 1, G4C_BF16 = 2, G4C_Q8 = 3, G4C_Q4 = 4 };
-enum { G4C_QF_SIGNED = 1, G4C_QF_BIAS = 2 };          /* g4c_mat.flags */
+enum { G4C_QF_SIGNED = 1, G4C_QF_BIAS = 2, G4C_QF_TILED = 4 }; /* g4c_mat.flags */
+/* G4C_QF_TILED (bf16, cols a multiple of 32): the tensor cores' layout (forward.cu mm_tile_mma).
+ * Rows are padded with zeros to a multiple of 16; tile T (rows 16T..16T+15) and k-step s (columns
+ * 32s..32s+31) form the 1 KB block at ((T·cols/32) + s)·1024 bytes: first row 16T+g, then row
+ * 16T+g+8, each as 32 lanes' 16 bytes, lane 4g+t holding columns 32s+8t..32s+8t+7 - so a warp's
+ * two 512-byte loads are contiguous and land in mma.m16n8k16's A fragments. row_bytes stays
+ * 2·cols (the row-major size, for byte counts). */
 enum { G4C_S_F32 = 0, G4C_S_F16 = 1, G4C_S_BF16 = 2 }; /* g4c_mat.stype */
 
 typedef struct g4c_mat {
@@ -125,6 +134,9 @@ typedef struct g4c_op {
     int kind, cls;
     int lm;               /* tokens [lm_from, M) only; no rows when the launch wants no logits */
     int split;            /* matmul: warps per row team (a power of two dividing the block's warps; from the shape only) */
+    int mma_ks;           /* > 0: the stage runs on the tensor cores (mm_tile_mma; its matrices are
+                             G4C_QF_TILED) in this many K segments per 16-row tile (shape only:
+                             session.cu mma_segments); 0: the CUDA-core procedure */
     int pf_next;          /* index of the next matmul stage (its first rows are prefetched into
                              L2 while this stage and the barrier run), -1: none */
     /* matmul */
@@ -223,6 +235,9 @@ typedef struct g4c_params {
     float eps;            /* RMSNorm epsilon */
     int evict_first;      /* 1: weight loads are marked first to leave L2 (they are read once per
                              launch; code, stage list, activations and the stack stay resident) */
+    float *mma_part;      /* tensor-core stages' segment partials [item][2][mma_tokens][16] */
+    int *mma_cnt;         /* [token tile][G4C_MMA_MAXITEMS] segments finished (back to 0 once added) */
+    int mma_tokens;       /* tokens the partials hold (the session's max batch) */
     int op_local;         /* 1: each stage's g4c_op is read from a shared-memory copy, fetched
                              while the previous barrier completes */
     unsigned long long *trace; /* not NULL: per stage and block, [start ns, end ns, input-tile

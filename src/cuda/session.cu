@@ -88,6 +88,7 @@ struct g4_cuda {
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row, rep;
     int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
     int evict_first, op_local;           /* g4_cuda_set_mode */
+    int mma;                             /* weight types on the tensor cores (G4_CUDA_MMA at creation) */
     int smem_need;                       /* floats of the widest input tile row */
     size_t smem;
     cudaStream_t stream;
@@ -100,7 +101,8 @@ struct g4_cuda {
     /* activations [max_batch][...] */
     float *x0, *xa, *xb, *q, *kraw, *vraw, *att, *t, *hb, *f, *ple, *pg, *logits, *hfinal, *part_buf, *dbg;
     float *router, *top_w, *x2, *exh, *exo;
-    int *top_e, *att_cnt;
+    int *top_e, *att_cnt, *mma_cnt;
+    float *mma_part;
     std::vector<dev_kv> kv;
     std::vector<float *> rope_cs;        /* per layer: [n_ctx][pairs][2] cos, sin, shared by equal kinds */
     std::vector<int> rope_src;           /* per layer: the first layer with the same RoPE kind */
@@ -233,7 +235,38 @@ static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *o
     return G4_OK;
 }
 
-static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
+/* a bf16 matrix in the tensor cores' tiled layout (program.h G4C_QF_TILED) */
+static g4_status up_tiled(bump *b, const g4_mat *m, g4c_mat *out, g4_error *err) {
+    const int K = m->cols, nks = K / 32, tiles = (m->rows + 15) / 16;
+    const size_t tile_bytes = (size_t)nks * 1024;
+    char *d = (char *)bump_take(b, tile_bytes * (size_t)tiles);
+    out->data = d;
+    out->flags |= G4C_QF_TILED;
+    if (b->dry) return G4_OK;
+    const int slab = 256; /* tiles per copy */
+    std::vector<uint16_t> buf(tile_bytes / 2 * slab);
+    for (int T0 = 0; T0 < tiles; T0 += slab) {
+        const int n = tiles - T0 < slab ? tiles - T0 : slab;
+        std::fill(buf.begin(), buf.end(), (uint16_t)0);
+        for (int T = 0; T < n; T++)
+            for (int rr = 0; rr < 16; rr++) {
+                const long long r = 16LL * (T0 + T) + rr;
+                if (r >= m->rows) break;
+                const uint16_t *src = (const uint16_t *)((const char *)m->data + (size_t)r * m->row_bytes);
+                const int g = rr % 8, half = rr / 8;
+                for (int c = 0; c < K; c++) {
+                    const int ks = c / 32, t = (c % 32) / 8, e = c % 8;
+                    buf[((size_t)T * nks + ks) * 512 + half * 256 + (g * 4 + t) * 8 + e] = src[c];
+                }
+            }
+        CK(cudaMemcpy(d + (size_t)T0 * tile_bytes, buf.data(), (size_t)n * tile_bytes, cudaMemcpyHostToDevice), "uploading weights");
+    }
+    return G4_OK;
+}
+
+/* tile: a bf16 matrix that only matmul stages and mat_at read goes to the tiled layout when the
+ * session runs bf16 on the tensor cores */
+static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err, int tile = 0) {
     if (m->split) /* the CPU kernels' own layout: models for the GPU are loaded with keep_layout */
         return g4_fail(err, G4_ERR_UNSUPPORTED,
                        "%s: weights were repacked for the CPU kernels (load the model with keep_layout = 1 for a GPU session)",
@@ -258,6 +291,10 @@ static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out
     out->rows = m->rows;
     out->cols = m->cols;
     out->row_bytes = (long long)m->row_bytes;
+    if (tile && t == G4C_BF16 && m->cols % 32 == 0) {
+        out->row_bytes = 2LL * m->cols;
+        return up_tiled(b, m, out, err);
+    }
     return upload(b, m->data, m->row_bytes * (size_t)m->rows, &out->data, err);
 }
 
@@ -267,11 +304,12 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
     int H = cf->hidden, L = cf->n_layers;
     g4_status st;
     char what[96];
-    if ((st = up_mat(b, &m->embed, "embed_tokens", &c->embed, err)) || (st = up_vec(b, m->final_norm, H, &c->final_norm, err)))
+    const int tile = (c->mma >> G4C_BF16) & 1;
+    if ((st = up_mat(b, &m->embed, "embed_tokens", &c->embed, err, tile)) || (st = up_vec(b, m->final_norm, H, &c->final_norm, err)))
         return st;
     if (cf->ple_width) {
         if ((st = up_mat(b, &m->ple_embed, "embed_tokens_per_layer", &c->ple_embed, err)) ||
-            (st = up_mat(b, &m->ple_model_proj, "per_layer_model_projection", &c->ple_proj, err)) ||
+            (st = up_mat(b, &m->ple_model_proj, "per_layer_model_projection", &c->ple_proj, err, tile)) ||
             (st = up_vec(b, m->ple_proj_norm, cf->ple_width, &c->ple_norm, err)))
             return st;
     }
@@ -282,7 +320,7 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
         dev_layer *o = &c->lw[(size_t)i];
         memset(o, 0, sizeof *o);
         int own = lc->kv_source == i;
-#define MAT(f, name) (snprintf(what, sizeof what, "layers.%d.%s", i, name), up_mat(b, &w->f, what, &o->f, err))
+#define MAT(f, name) (snprintf(what, sizeof what, "layers.%d.%s", i, name), up_mat(b, &w->f, what, &o->f, err, tile))
         if ((st = MAT(wq, "q_proj")) || (st = MAT(wo, "o_proj")) || (st = MAT(gate, "gate_proj")) ||
             (st = MAT(up, "up_proj")) || (st = MAT(down, "down_proj")))
             return st;
@@ -353,6 +391,8 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     c->logits = TAKE(b, float, (size_t)B * V);
     c->part_buf = TAKE(b, float, (size_t)B * maxnkv * c->max_chunks * maxgroup * (maxd + 2));
     c->att_cnt = TAKE(b, int, (size_t)B * nH);
+    c->mma_part = c->mma ? TAKE(b, float, (size_t)G4C_MMA_MAXITEMS * 2 * 16 * B) : NULL;
+    c->mma_cnt = c->mma ? TAKE(b, int, (size_t)G4C_MMA_MAXITEMS * B) : NULL;
     c->ple = P ? TAKE(b, float, (size_t)B * L * P) : NULL;
     c->pg = P ? TAKE(b, float, (size_t)B * P) : NULL;
     if (cf->moe) {
@@ -690,6 +730,24 @@ static int split_of(const g4c_op &o, int split_chunks) {
     return S;
 }
 
+/* K segments per 16-row tile of a stage that may run on the tensor cores (mm_tile_mma): the most
+ * that keep >= 8 k-steps of 32 columns per segment, divide K evenly and make at most
+ * G4C_MMA_MAXITEMS items (1 for stages with that many row tiles already, such as the LM head); 0
+ * for shapes that procedure does not take. A function of the stage's shape only. */
+static int mma_segments(const g4c_op &o) {
+    const g4c_mat &w = o.part[0].w;
+    if (o.kind != G4C_OP_MATMUL || w.type != G4C_BF16 || w.cols % 32) return 0;
+    for (int i = 0; i < o.nparts; i++)
+        if (!(o.part[i].w.flags & G4C_QF_TILED)) return 0;
+    int rt = 0;
+    for (int i = 0; i < (o.epi == G4C_EPI_GELU_PAIR ? 1 : o.nparts); i++) rt += (o.part[i].w.rows + 15) / 16;
+    const int nks = w.cols / 32;
+    int ks = 1;
+    for (int d = 2; d <= nks / 8; d++)
+        if (nks % d == 0 && (long long)rt * d <= G4C_MMA_MAXITEMS) ks = d;
+    return ks;
+}
+
 /* splits and the next-matmul links (the L2 prefetch lookahead) of a stage list */
 static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
     /* the kernels run one weight type per matmul stage: split stages whose parts differ (mixed
@@ -710,6 +768,7 @@ static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
     for (int i = (int)ops.size() - 1; i >= 0; i--) {
         g4c_op &o = ops[(size_t)i];
         o.split = o.kind == G4C_OP_MATMUL ? split_of(o, c->split_chunks) : 1;
+        o.mma_ks = mma_segments(o);
         o.pf_next = next;
         if (o.kind == G4C_OP_MATMUL) next = i;
     }
@@ -802,6 +861,15 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->split_chunks = 8;
     c->evict_first = 1;
     c->op_local = 1;
+    c->mma = 0;
+    {
+        /* weight types whose matmuls run on the tensor cores (bit 1 << G4C_<type>; 4 = bf16), fixed
+         * at creation: the upload's layout follows it. Off by default: at M = 1 the CUDA-core
+         * procedure is faster today (E2B bf16 272 vs 185 tok/s); verify blocks and prefill gain.
+         * Another reduction procedure: compare logits only within one setting. */
+        const char *e = getenv("G4_CUDA_MMA");
+        if (e && *e) c->mma = atoi(e);
+    }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
         if (e) {
@@ -826,6 +894,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: hidden size %d exceeds %d", cf->hidden, G4C_THREADS * G4C_IN_NPT);
             goto fail;
         }
+        need += G4C_MMA_SCRATCH; /* tensor-core stages keep argmax scratch after the tile */
         c->smem_need = need;
         if (need > c->smem_in) {
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: an input row of %d floats exceeds shared memory (%d)", need,
@@ -860,6 +929,12 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     if ((st = alloc_scratch(c, err))) goto fail;
     build_target(c);
     finish_ops(c, c->ops);
+    for (const g4c_op &o : c->ops) /* a tiled matrix is readable by mm_tile_mma and mat_at only */
+        for (int i = 0; o.kind == G4C_OP_MATMUL && !o.mma_ks && i < o.nparts; i++)
+            if (o.part[i].w.flags & G4C_QF_TILED) {
+                st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: a matmul stage mixes tiled and row-major matrices");
+                goto fail;
+            }
     if ((st = push_ops(c->ops, &c->d_ops, err))) goto fail;
     *out = c;
     return G4_OK;
@@ -915,6 +990,9 @@ static g4c_params base_params(const g4_cuda *c) {
     p.rep = c->rep;
     p.evict_first = c->evict_first;
     p.op_local = c->op_local;
+    p.mma_part = c->mma_part;
+    p.mma_cnt = c->mma_cnt;
+    p.mma_tokens = c->max_batch;
     return p;
 }
 
