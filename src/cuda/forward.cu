@@ -972,17 +972,18 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
 #pragma unroll 1
         for (; ks0 < ks_end; ks0++) mma_ksteps<1, NG, NP>(c, wr, ks0, sm, ldk, mt, g, t, pol);
         if (KS > 1) { /* this segment's fragments out; the row tile's last segment adds them all in order */
+            /* segment s's value of fragment element e of part f, token group q: [rt][s][f][token][16 rows] */
             float *pb = p.mma_part + (size_t)rt * KS * 2 * 16 * p.mma_tokens;
+            auto slot = [&](int s2, int q, int f, int e) {
+                return pb + (((size_t)s2 * 2 + f) * p.mma_tokens + t0 + 8 * q + 2 * t + (e & 1)) * 16 + g + (e >> 1) * 8;
+            };
 #pragma unroll
             for (int q = 0; q < NG; q++)
 #pragma unroll
                 for (int f = 0; f < NP; f++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int m = 8 * q + 2 * t + (e & 1);
-                        if (m < mt)
-                            pb[(((size_t)sg * 2 + f) * p.mma_tokens + t0 + m) * 16 + g + (e >> 1) * 8] = c[q][f][e];
-                    }
+                    for (int e = 0; e < 4; e++)
+                        if (8 * q + 2 * t + (e & 1) < mt) *slot(sg, q, f, e) = c[q][f][e];
             __threadfence();
             __syncwarp();
             int last = 0;
@@ -995,32 +996,20 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
             __threadfence();
             /* the segments in order; SC segments' values loaded ahead of their adds */
             constexpr int SC = 32 / (NG * NP * 4) > 0 ? 32 / (NG * NP * 4) : 1;
-            const size_t ss = (size_t)2 * 16 * p.mma_tokens;
 #pragma unroll 1
             for (int s0 = 0; s0 < KS; s0 += SC) {
-                float pv[SC][NG][NP][4];
+                constexpr int V = NG * NP * 4; /* this lane's values per segment, i = (q·NP + f)·4 + e */
+                float pv[SC * V];
 #pragma unroll
-                for (int k = 0; k < SC; k++)
+                for (int i = 0; i < SC * V; i++) {
+                    const int k = i / V, q = i % V / (NP * 4), f = i % (NP * 4) / 4, e = i % 4;
+                    pv[i] = s0 + k < KS && 8 * q + 2 * t + (e & 1) < mt ? lda(slot(s0 + k, q, f, e)) : 0.0f;
+                }
 #pragma unroll
-                    for (int q = 0; q < NG; q++)
-#pragma unroll
-                        for (int f = 0; f < NP; f++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int m = 8 * q + 2 * t + (e & 1);
-                                pv[k][q][f][e] = s0 + k < KS && m < mt
-                                                     ? lda(pb + (size_t)(s0 + k) * ss + ((size_t)f * p.mma_tokens + t0 + m) * 16 + g + (e >> 1) * 8)
-                                                     : 0.0f;
-                            }
-#pragma unroll
-                for (int k = 0; k < SC; k++)
-#pragma unroll
-                    for (int q = 0; q < NG; q++)
-#pragma unroll
-                        for (int f = 0; f < NP; f++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                if (s0 + k < KS) c[q][f][e] = s0 + k == 0 ? pv[k][q][f][e] : c[q][f][e] + pv[k][q][f][e];
+                for (int i = 0; i < SC * V; i++) {
+                    const int k = i / V, q = i % V / (NP * 4), f = i % (NP * 4) / 4, e = i % 4;
+                    if (s0 + k < KS) c[q][f][e] = s0 + k == 0 ? pv[i] : c[q][f][e] + pv[i];
+                }
             }
         }
         /* epilogue: lane (g, t) holds rows r0+g, r0+g+8 of tokens 8q+2t, 8q+2t+1 */
