@@ -737,6 +737,17 @@ DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp)
     for (int k = 0, it = tg; k < p.pf_items && it < sh.total; k++, it += nteams) mm_prefetch_item(op, sh, it);
 }
 
+/* The epilogue of one output (row r, token tm) of a non-pair matmul part: softcap or the PLE gate,
+ * then y (and the drafter's history copy y2); returns the stored value (argmax candidates). Both
+ * matmul procedures (mm_tile, mm_tile_mma) store through it. */
+DEV float mm_store(const g4c_op *op, const g4c_part *P0, int step, size_t tm, int r, float v) {
+    if (op->epi == G4C_EPI_SOFTCAP) v = op->cap * tanhf(v / op->cap);
+    else if (op->epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
+    P0->y[(size_t)step * P0->y_step + tm * P0->ldy + r] = v;
+    if (P0->y2) P0->y2[(size_t)step * P0->y2_step + tm * P0->ldy + r] = v;
+    return v;
+}
+
 /* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
  * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
  * its accumulators in registers; the token count only decides how many accumulators exist, each
@@ -745,13 +756,12 @@ template <int T, int MTT>
 DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
     const tail_t tl = tail_of(sm, p);
     const mm_shape sh = mm_shape_of(op, p);
-    const int pair = sh.pair, epi = op->epi, total = sh.total, S = op->split;
+    const int pair = sh.pair, total = sh.total, S = op->split;
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
     const int tg = blockIdx.x * tpb + team, nteams = gridDim.x * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
-    const float cap = op->cap;
     const unsigned long long pol = l2_policy(p.evict_first);
     int parity = 0;
     float bv[G4C_MT];
@@ -792,7 +802,6 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
         }
         if (lead && lane == 0) {
             float *y = P0->y + (size_t)step * P0->y_step;
-            float *y2 = P0->y2;
             const int ldy = P0->ldy, track = P0->argmax;
 #pragma unroll
             for (int m = 0; m < MTT; m++) {
@@ -802,11 +811,7 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
                 for (int rr = 0; rr < 2; rr++) {
                     if (m < mt && !pair && (rr == 0 || has1)) {
                         const int r = r0 + rr;
-                        float v = acc[rr][m];
-                        if (epi == G4C_EPI_SOFTCAP) v = cap * tanhf(v / cap);
-                        else if (epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
-                        y[tm * ldy + r] = v;
-                        if (y2) y2[(size_t)step * P0->y2_step + tm * ldy + r] = v;
+                        const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
                         if (track && better(v, r, bv[m], bi[m])) {
                             bv[m] = v;
                             bi[m] = r;
@@ -865,8 +870,6 @@ DEV void split_bf16(float a, float b, unsigned &hi, unsigned &mid, unsigned &lo)
     lo = bf16x2_rn(a, b);
 }
 
-DEV bool mma_stage(const g4c_op *op) { return op->mma_ks > 0; }
-
 /* UU k-steps from ks0 of one item: every weight load first (2·UU·NP 16-byte loads in flight per
  * lane), then per k-step and token group the input split and six products. Straight-line code:
  * with a guard or a loop the compiler cannot unroll, the loaded fragments go to local memory, each
@@ -921,10 +924,9 @@ enum { MMA_U = 4 }; /* k-steps per batch of loads (8 measured the same on the H2
 template <int NG, int NP>
 DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int tile) {
     const mm_shape sh = mm_shape_of(op, p);
-    const int pair = NP == 2, epi = op->epi, KS = op->mma_ks;
+    const int pair = NP == 2, KS = op->mma_ks;
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nks = K / 32, seg = nks / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const float cap = op->cap;
     const unsigned long long pol = l2_policy(p.evict_first);
     int rtiles = 0;
     if (sh.nparts) {
@@ -1014,7 +1016,6 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
         }
         /* epilogue: lane (g, t) holds rows r0+g, r0+g+8 of tokens 8q+2t, 8q+2t+1 */
         float *y = P0->y + (size_t)step * P0->y_step;
-        float *y2 = P0->y2;
         const int ldy = P0->ldy, track = P0->argmax;
 #pragma unroll
         for (int q = 0; q < NG; q++)
@@ -1027,11 +1028,7 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
                     y[tm * ldy + r] = gelu_tanh(c[q][0][e]) * c[q][NP - 1][e];
                     continue;
                 }
-                float val = c[q][0][e];
-                if (epi == G4C_EPI_SOFTCAP) val = cap * tanhf(val / cap);
-                else if (epi == G4C_EPI_PLE_GATE) val = gelu_tanh(val) * lda(op->ple + tm * op->ple_ld + r);
-                y[tm * ldy + r] = val;
-                if (y2) y2[(size_t)step * P0->y2_step + tm * ldy + r] = val;
+                const float val = mm_store(op, P0, step, tm, r, c[q][0][e]);
                 if (track && better(val, r, bv[q][e & 1], bi[q][e & 1])) {
                     bv[q][e & 1] = val;
                     bi[q][e & 1] = r;
@@ -1086,9 +1083,9 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     int amax = 0;
     for (int i = 0; i < sh.nparts; i++)
         if (op->part[i].argmax) amax = op->part[i].argmax;
-    const bool mma = mma_stage(op);
+    const bool mma = op->mma_ks > 0;
     int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
-    if (mt_cap > (mma ? 4 * 8 : G4C_MT)) mt_cap = mma ? 4 * 8 : G4C_MT;
+    if (mt_cap > (mma ? G4C_MMA_MT : G4C_MT)) mt_cap = mma ? G4C_MMA_MT : G4C_MT;
     const int warp = threadIdx.x >> 5;
     for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
         const int mt = min(mt_cap, M - t0);
@@ -1105,12 +1102,12 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if (sh.total && mma) {
             const int tile = (t0 - m_begin) / mt_cap;
-            if (sh.pair) {
+            if (sh.pair) { /* 8 tokens per product: one group, or up to G4C_MMA_MT / 8 */
                 if (mt <= 8) mm_tile_mma<1, 2>(op, p, step, sm, t0, mt, amax, tile);
-                else mm_tile_mma<4, 2>(op, p, step, sm, t0, mt, amax, tile);
+                else mm_tile_mma<G4C_MMA_MT / 8, 2>(op, p, step, sm, t0, mt, amax, tile);
             } else {
                 if (mt <= 8) mm_tile_mma<1, 1>(op, p, step, sm, t0, mt, amax, tile);
-                else mm_tile_mma<4, 1>(op, p, step, sm, t0, mt, amax, tile);
+                else mm_tile_mma<G4C_MMA_MT / 8, 1>(op, p, step, sm, t0, mt, amax, tile);
             }
         } else if (sh.total) {
             if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);

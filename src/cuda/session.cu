@@ -88,7 +88,7 @@ struct g4_cuda {
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row, rep;
     int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
     int evict_first, op_local;           /* g4_cuda_set_mode */
-    int mma;                             /* weight types on the tensor cores (G4_CUDA_MMA at creation) */
+    int mma_bf16;                        /* bf16 matmuls on the tensor cores (G4_CUDA_MMA at creation) */
     int smem_need;                       /* floats of the widest input tile row */
     size_t smem;
     cudaStream_t stream;
@@ -254,10 +254,9 @@ static g4_status up_tiled(bump *b, const g4_mat *m, g4c_mat *out, g4_error *err)
                 if (r >= m->rows) break;
                 const uint16_t *src = (const uint16_t *)((const char *)m->data + (size_t)r * m->row_bytes);
                 const int g = rr % 8, half = rr / 8;
-                for (int c = 0; c < K; c++) {
-                    const int ks = c / 32, t = (c % 32) / 8, e = c % 8;
-                    buf[((size_t)T * nks + ks) * 512 + half * 256 + (g * 4 + t) * 8 + e] = src[c];
-                }
+                for (int ks = 0; ks < nks; ks++) /* lane 4g+t's 8 columns 32ks+8t.. of this row */
+                    for (int t = 0; t < 4; t++)
+                        memcpy(&buf[((size_t)T * nks + ks) * 512 + half * 256 + (g * 4 + t) * 8], src + 32 * ks + 8 * t, 16);
             }
         CK(cudaMemcpy(d + (size_t)T0 * tile_bytes, buf.data(), (size_t)n * tile_bytes, cudaMemcpyHostToDevice), "uploading weights");
     }
@@ -304,7 +303,7 @@ static g4_status upload_model(g4_cuda *c, bump *b, g4_error *err) {
     int H = cf->hidden, L = cf->n_layers;
     g4_status st;
     char what[96];
-    const int tile = (c->mma >> G4C_BF16) & 1;
+    const int tile = c->mma_bf16;
     if ((st = up_mat(b, &m->embed, "embed_tokens", &c->embed, err, tile)) || (st = up_vec(b, m->final_norm, H, &c->final_norm, err)))
         return st;
     if (cf->ple_width) {
@@ -391,8 +390,8 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     c->logits = TAKE(b, float, (size_t)B * V);
     c->part_buf = TAKE(b, float, (size_t)B * maxnkv * c->max_chunks * maxgroup * (maxd + 2));
     c->att_cnt = TAKE(b, int, (size_t)B * nH);
-    c->mma_part = c->mma ? TAKE(b, float, (size_t)G4C_MMA_MAXITEMS * 2 * 16 * B) : NULL;
-    c->mma_cnt = c->mma ? TAKE(b, int, (size_t)G4C_MMA_MAXITEMS * B) : NULL;
+    c->mma_part = c->mma_bf16 ? TAKE(b, float, (size_t)G4C_MMA_MAXITEMS * 2 * 16 * B) : NULL;
+    c->mma_cnt = c->mma_bf16 ? TAKE(b, int, (size_t)G4C_MMA_MAXITEMS * B) : NULL;
     c->ple = P ? TAKE(b, float, (size_t)B * L * P) : NULL;
     c->pg = P ? TAKE(b, float, (size_t)B * P) : NULL;
     if (cf->moe) {
@@ -861,14 +860,13 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->split_chunks = 8;
     c->evict_first = 1;
     c->op_local = 1;
-    c->mma = 0;
     {
-        /* weight types whose matmuls run on the tensor cores (bit 1 << G4C_<type>; 4 = bf16), fixed
-         * at creation: the upload's layout follows it. Off by default: at M = 1 the CUDA-core
-         * procedure is faster today (E2B bf16 272 vs 185 tok/s); verify blocks and prefill gain.
-         * Another reduction procedure: compare logits only within one setting. */
+        /* weight types whose matmuls run on the tensor cores (bit 1 << G4C_<type>; only bf16, 4, so
+         * far), fixed at creation: the upload's layout follows it. Off by default: at M = 1 the
+         * CUDA-core procedure is faster today (E2B bf16 262 vs 185 tok/s); verify blocks and prefill
+         * gain. Another reduction procedure: compare logits only within one setting. */
         const char *e = getenv("G4_CUDA_MMA");
-        if (e && *e) c->mma = atoi(e);
+        c->mma_bf16 = e && ((atoi(e) >> G4C_BF16) & 1);
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
