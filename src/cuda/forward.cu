@@ -19,6 +19,22 @@
 
 #include "cuda/internal.h"
 
+/* Independent fmaf chains per dot: with two warps per scheduler (255 registers per thread) most of
+ * a stage's issue slots were lost to dependency waits (ncu on an E2B qat-int4 step: 9.1 cycles
+ * per issued instruction, of which "wait" 1.75 and long scoreboard 2.8). Measured in one run on
+ * the H200 (E2B decode tok/s, ctx 128, QACC/BACC 1/1 -> 4/2 -> 2/2): qat-int4 219 -> 243 -> 257,
+ * mlx-4 164 -> 183 -> 192, qat-int8 210 -> 211 -> 210, bf16 260 -> 258 -> 257; E4B qat-int4 146
+ * -> 169 -> 180, mlx-4 102 -> 114 -> 119, bf16 149 -> 146 -> 146. The whole kernel is one
+ * register allocation, so a change in one path moves the others by a few percent. */
+#ifndef G4C_QACC
+#define G4C_QACC 2 /* partial sums per quantised chunk dot (1, 2 or 4) */
+#endif
+#ifndef G4C_BACC
+#define G4C_BACC 2 /* fmaf chains per dense row and token (1 or 2) */
+#endif
+#ifndef G4C_U_Q4_M1
+#define G4C_U_Q4_M1 4 /* 4-bit chunks per row a lane loads ahead at M = 1 */
+#endif
 #ifndef G4C_U_MT4
 #define G4C_U_MT4 8 /* chunks per row a lane loads ahead in the 2..4-token tiles (Q4: half) */
 #endif
@@ -191,6 +207,13 @@ DEV unsigned long long global_ns(void) {
 
 /* ---- the dot product: two weight rows against mt input rows -------------------------------------- */
 
+/* the partial sums of a chunk dot, pairwise: (p0 + p1) + (p2 + p3) */
+template <int A> DEV float qsum(const float (&p)[A]) {
+    if (A == 4) return (p[0] + p[1 % A]) + (p[2 % A] + p[3 % A]);
+    if (A == 2) return p[0] + p[1 % A];
+    return p[0];
+}
+
 template <int T> DEV void unpack(const uint4 &w, float *f);
 template <> __device__ __forceinline__ void unpack<G4C_BF16>(const uint4 &w, float *f) {
     f[0] = __uint_as_float(w.x << 16); f[1] = __uint_as_float(w.x & 0xffff0000u);
@@ -224,12 +247,17 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? 4 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? 2 : 4);
+    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? G4C_U_Q4_M1 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? 2 : 4);
     const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
     const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
+    float p0[MTT][G4C_BACC], p1[MTT][G4C_BACC]; /* dense rows: G4C_BACC fmaf chains per row and token */
 #pragma unroll
-    for (int m = 0; m < MTT; m++) a0[m] = a1[m] = 0.0f;
+    for (int m = 0; m < MTT; m++) {
+        a0[m] = a1[m] = 0.0f;
+#pragma unroll
+        for (int a = 0; a < G4C_BACC; a++) p0[m][a] = p1[m][a] = 0.0f;
+    }
 #pragma unroll 1
     for (int c0 = 32 * j + lane; c0 < nch; c0 += step * U) {
         uint4 wv0[U], wv1[U];
@@ -264,14 +292,15 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                     for (int m = 0; m < MTT; m++) {
                         if (m < mt) {
                             const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
-                            a0[m] = fmaf(f0[e], v.x, a0[m]);
-                            a1[m] = fmaf(f1[e], v.x, a1[m]);
-                            a0[m] = fmaf(f0[e + 1], v.y, a0[m]);
-                            a1[m] = fmaf(f1[e + 1], v.y, a1[m]);
-                            a0[m] = fmaf(f0[e + 2], v.z, a0[m]);
-                            a1[m] = fmaf(f1[e + 2], v.z, a1[m]);
-                            a0[m] = fmaf(f0[e + 3], v.w, a0[m]);
-                            a1[m] = fmaf(f1[e + 3], v.w, a1[m]);
+                            constexpr int B = G4C_BACC, h = 1 % B; /* .z, .w into the second chain */
+                            p0[m][0] = fmaf(f0[e], v.x, p0[m][0]);
+                            p1[m][0] = fmaf(f1[e], v.x, p1[m][0]);
+                            p0[m][0] = fmaf(f0[e + 1], v.y, p0[m][0]);
+                            p1[m][0] = fmaf(f1[e + 1], v.y, p1[m][0]);
+                            p0[m][h] = fmaf(f0[e + 2], v.z, p0[m][h]);
+                            p1[m][h] = fmaf(f1[e + 2], v.z, p1[m][h]);
+                            p0[m][h] = fmaf(f0[e + 3], v.w, p0[m][h]);
+                            p1[m][h] = fmaf(f1[e + 3], v.w, p1[m][h]);
                         }
                     }
                 }
@@ -283,9 +312,16 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                 const unsigned flip = T == G4C_Q8 && sgn ? 0x80808080u : 0u;
                 const unsigned ww0[4] = {wv0[u].x ^ flip, wv0[u].y ^ flip, wv0[u].z ^ flip, wv0[u].w ^ flip};
                 const unsigned ww1[4] = {wv1[u].x ^ flip, wv1[u].y ^ flip, wv1[u].z ^ flip, wv1[u].w ^ flip};
-                float d0[MTT], d1[MTT], sx[MTT];
+                /* d = codes · x in G4C_QACC interleaved partial sums (element e into partial e %
+                 * G4C_QACC, each an fmaf chain in element order), added pairwise at the end: short
+                 * dependency chains for the two warps a scheduler has */
+                float d0[MTT][G4C_QACC], d1[MTT][G4C_QACC], sx[MTT];
 #pragma unroll
-                for (int m = 0; m < MTT; m++) d0[m] = d1[m] = sx[m] = 0.0f;
+                for (int m = 0; m < MTT; m++) {
+                    sx[m] = 0.0f;
+#pragma unroll
+                    for (int a = 0; a < G4C_QACC; a++) d0[m][a] = d1[m][a] = 0.0f;
+                }
 #pragma unroll
                 for (int e = 0; e < E; e += 4) {
                     float f0[4], f1[4];
@@ -311,14 +347,15 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                     for (int m = 0; m < MTT; m++) {
                         if (m < mt) {
                             const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
-                            d0[m] = fmaf(f0[0], v.x, d0[m]);
-                            d1[m] = fmaf(f1[0], v.x, d1[m]);
-                            d0[m] = fmaf(f0[1], v.y, d0[m]);
-                            d1[m] = fmaf(f1[1], v.y, d1[m]);
-                            d0[m] = fmaf(f0[2], v.z, d0[m]);
-                            d1[m] = fmaf(f1[2], v.z, d1[m]);
-                            d0[m] = fmaf(f0[3], v.w, d0[m]);
-                            d1[m] = fmaf(f1[3], v.w, d1[m]);
+                            constexpr int A = G4C_QACC;
+                            d0[m][(e + 0) % A] = fmaf(f0[0], v.x, d0[m][(e + 0) % A]);
+                            d1[m][(e + 0) % A] = fmaf(f1[0], v.x, d1[m][(e + 0) % A]);
+                            d0[m][(e + 1) % A] = fmaf(f0[1], v.y, d0[m][(e + 1) % A]);
+                            d1[m][(e + 1) % A] = fmaf(f1[1], v.y, d1[m][(e + 1) % A]);
+                            d0[m][(e + 2) % A] = fmaf(f0[2], v.z, d0[m][(e + 2) % A]);
+                            d1[m][(e + 2) % A] = fmaf(f1[2], v.z, d1[m][(e + 2) % A]);
+                            d0[m][(e + 3) % A] = fmaf(f0[3], v.w, d0[m][(e + 3) % A]);
+                            d1[m][(e + 3) % A] = fmaf(f1[3], v.w, d1[m][(e + 3) % A]);
                             if (bias) sx[m] = ((sx[m] + v.x) + v.y) + (v.z + v.w);
                         }
                     }
@@ -326,8 +363,8 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
 #pragma unroll
                 for (int m = 0; m < MTT; m++) {
                     if (m < mt) {
-                        a0[m] = fmaf(s0[u], d0[m], a0[m]);
-                        a1[m] = fmaf(s1[u], d1[m], a1[m]);
+                        a0[m] = fmaf(s0[u], qsum<G4C_QACC>(d0[m]), a0[m]);
+                        a1[m] = fmaf(s1[u], qsum<G4C_QACC>(d1[m]), a1[m]);
                         if (bias) {
                             a0[m] = fmaf(b0[u], sx[m], a0[m]);
                             a1[m] = fmaf(b1[u], sx[m], a1[m]);
@@ -339,6 +376,10 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
     }
 #pragma unroll
     for (int m = 0; m < MTT; m++) {
+        if (!Q) {
+            a0[m] = qsum<G4C_BACC>(p0[m]);
+            a1[m] = qsum<G4C_BACC>(p1[m]);
+        }
         acc[0][m] = warp_sum_f(a0[m]);
         acc[1][m] = warp_sum_f(a1[m]);
     }

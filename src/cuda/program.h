@@ -6,10 +6,11 @@
  * which block computes it, or how tokens are tiled (exactness contract, engineering.md §1):
  *   matmul   a team of S warps per pair of output rows, S fixed by the stage's shape (program
  *            field `split`, from K and the weight type only); lane l of team warp j owns the
- *            16-byte chunks 32j+l, 32j+l+32S, ... of the row in ascending order (fmaf into one
- *            accumulator per token; quantised chunks: a float dot of codes per chunk, then
- *            acc = fmaf(scale, dot, acc) [+ fmaf(bias, sum x, ...)]), a fixed xor butterfly
- *            across the 32 lanes, then the S warp sums added in warp order;
+ *            16-byte chunks 32j+l, 32j+l+32S, ... of the row in ascending order (dense: fmaf
+ *            into two chains per token, elements 4i, 4i+1 and 4i+2, 4i+3, added at the end;
+ *            quantised chunks: a float dot of codes per chunk in two interleaved fmaf chains
+ *            added at the end, then acc = fmaf(scale, dot, acc) [+ fmaf(bias, sum x, ...)]),
+ *            a fixed xor butterfly across the 32 lanes, then the S warp sums added in warp order;
  *   norms    sum of squares in double, block-strided then a fixed tree;
  *   attention keys split at absolute multiples of G4C_KCHUNK, chunk partials combined in chunk
  *            order; the split depends on the query position only.
