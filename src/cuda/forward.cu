@@ -292,7 +292,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                     for (int m = 0; m < MTT; m++) {
                         if (m < mt) {
                             const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
-                            constexpr int B = G4C_BACC, h = 1 % B; /* .z, .w into the second chain */
+                            constexpr int h = 1 % G4C_BACC; /* .z, .w into the second chain */
                             p0[m][0] = fmaf(f0[e], v.x, p0[m][0]);
                             p1[m][0] = fmaf(f1[e], v.x, p1[m][0]);
                             p0[m][0] = fmaf(f0[e + 1], v.y, p0[m][0]);
