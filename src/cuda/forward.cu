@@ -865,14 +865,14 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
     if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
 }
 
-template <int MTT>
+template <unsigned TM, int MTT>
 DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
-    switch (type) {
-    case G4C_BF16: mm_tile<G4C_BF16, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_F16: mm_tile<G4C_F16, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_Q8: mm_tile<G4C_Q8, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_Q4: mm_tile<G4C_Q4, MTT>(op, p, step, sm, t0, mt, amax); break;
-    default: mm_tile<G4C_F32, MTT>(op, p, step, sm, t0, mt, amax); break;
+    switch (type) { /* types outside the instantiation's mask have no code here (session.cu kernel_mask) */
+    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT>(op, p, step, sm, t0, mt, amax); break;
+    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT>(op, p, step, sm, t0, mt, amax); break;
     }
 }
 
@@ -1116,7 +1116,8 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
 }
 
 /* a matmul stage: its parts share one weight type (the host splits stages where they differ) */
-DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+template <unsigned TM>
+DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);
@@ -1124,7 +1125,7 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     int amax = 0;
     for (int i = 0; i < sh.nparts; i++)
         if (op->part[i].argmax) amax = op->part[i].argmax;
-    const bool mma = op->mma_ks > 0;
+    const bool mma = (TM & G4C_KM_MMA) && op->mma_ks > 0;
     int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
     if (mt_cap > (mma ? G4C_MMA_MT : G4C_MT)) mt_cap = mma ? G4C_MMA_MT : G4C_MT;
     const int warp = threadIdx.x >> 5;
@@ -1141,19 +1142,22 @@ DEVN void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
                 load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p);
         }
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
-        if (sh.total && mma) {
-            const int tile = (t0 - m_begin) / mt_cap;
-            if (sh.pair) { /* 8 tokens per product: one group, or up to G4C_MMA_MT / 8 */
-                if (mt <= 8) mm_tile_mma<1, 2>(op, p, step, sm, t0, mt, amax, tile);
-                else mm_tile_mma<G4C_MMA_MT / 8, 2>(op, p, step, sm, t0, mt, amax, tile);
-            } else {
-                if (mt <= 8) mm_tile_mma<1, 1>(op, p, step, sm, t0, mt, amax, tile);
-                else mm_tile_mma<G4C_MMA_MT / 8, 1>(op, p, step, sm, t0, mt, amax, tile);
+        if constexpr ((TM & G4C_KM_MMA) != 0) {
+            if (sh.total && mma) {
+                const int tile = (t0 - m_begin) / mt_cap;
+                if (sh.pair) { /* 8 tokens per product: one group, or up to G4C_MMA_MT / 8 */
+                    if (mt <= 8) mm_tile_mma<1, 2>(op, p, step, sm, t0, mt, amax, tile);
+                    else mm_tile_mma<G4C_MMA_MT / 8, 2>(op, p, step, sm, t0, mt, amax, tile);
+                } else {
+                    if (mt <= 8) mm_tile_mma<1, 1>(op, p, step, sm, t0, mt, amax, tile);
+                    else mm_tile_mma<G4C_MMA_MT / 8, 1>(op, p, step, sm, t0, mt, amax, tile);
+                }
             }
-        } else if (sh.total) {
-            if (mt == 1) mm_tile_t<1>(type, op, p, step, sm, t0, mt, amax);
-            else if (mt <= 4) mm_tile_t<4>(type, op, p, step, sm, t0, mt, amax);
-            else mm_tile_t<G4C_MT>(type, op, p, step, sm, t0, mt, amax);
+        }
+        if (sh.total && !mma) {
+            if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax);
+            else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax);
+            else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax);
         }
         if (t0 + mt_cap >= M && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, warp);
         __syncthreads();
@@ -1565,7 +1569,8 @@ DEVT void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int 
     }
 }
 
-DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
+template <unsigned TM>
+DEVT void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
     const int K = op->topk, Im = op->Im, H = op->H, M = p.M, pair = op->ex_pair;
     const int kin = pair ? H : Im, rpt = pair ? 1 : K;
     const int ldk = G4C_TILE_LD(kin);
@@ -1579,11 +1584,11 @@ DEVN void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
             for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
         __syncthreads();
         switch (op->ew.type) {
-        case G4C_BF16: expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
-        case G4C_F16: expert_tile<G4C_F16>(op, sm, t0, mt, ldk, p.evict_first); break;
-        case G4C_Q8: expert_tile<G4C_Q8>(op, sm, t0, mt, ldk, p.evict_first); break;
-        case G4C_Q4: expert_tile<G4C_Q4>(op, sm, t0, mt, ldk, p.evict_first); break;
-        default: expert_tile<G4C_F32>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) expert_tile<G4C_F16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) expert_tile<G4C_Q8>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) expert_tile<G4C_Q4>(op, sm, t0, mt, ldk, p.evict_first); break;
+        default: if constexpr ((TM & (1u << G4C_F32)) != 0) expert_tile<G4C_F32>(op, sm, t0, mt, ldk, p.evict_first); break;
         }
         __syncthreads();
     }
@@ -1754,6 +1759,7 @@ static_assert((256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16) % 8 == 0 &
               "load_rows' double sums do not fit the team-partials scratch");
 static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
 
+template <unsigned TM>
 __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
     extern __shared__ __align__(16) float sm[];
     const tail_t tl = tail_of(sm, p);
@@ -1786,12 +1792,12 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
                 if (p.skip & op->cls) continue;
                 switch (op->kind) {
                 case G4C_OP_EMBED: op_embed(op, p); break;
-                case G4C_OP_MATMUL: op_matmul(op, p, step, sm); break;
+                case G4C_OP_MATMUL: op_matmul<TM>(op, p, step, sm); break;
                 case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
                 case G4C_OP_ATTN: op_attn(op, p, pos0, sm); break;
                 case G4C_OP_PLE: op_ple(op, p); break;
                 case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
-                case G4C_OP_EXPERT: op_expert(op, p, sm); break;
+                case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
                 case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
                 case G4C_OP_CENT_TOPK: op_cent_topk(op, p, sm); break;
                 case G4C_OP_CENT_SCORE: op_cent_score(op, p, step, sm); break;
@@ -1816,6 +1822,18 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
     }
 }
 
+/* The instantiations, smallest first: a launch takes the first whose mask covers p->kmask. */
+static const struct {
+    unsigned mask;
+    const void *fn;
+} g4c_kernels[] = {
+    {G4C_KM_DENSE, (const void *)g4c_kernel<G4C_KM_DENSE>},
+    {G4C_KM_DENSE | G4C_KM_MMA, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_MMA>},
+    {G4C_KM_DENSE | G4C_KM_Q4, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q4>},
+    {G4C_KM_DENSE | G4C_KM_Q8, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q8>},
+    {G4C_KM_ALL, (const void *)g4c_kernel<G4C_KM_ALL>},
+};
+
 cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *smem_in_floats) {
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, device);
@@ -1824,11 +1842,15 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
     size_t smem = prop.sharedMemPerBlockOptin;
     if (smem > 220 * 1024) smem = 220 * 1024;
     smem &= ~(size_t)1023;
-    e = cudaFuncSetAttribute((const void *)g4c_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e) return e;
-    int per_sm = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, (const void *)g4c_kernel, G4C_THREADS, smem);
-    if (e) return e;
+    int per_sm = 1 << 30;
+    for (const auto &k : g4c_kernels) { /* every instantiation: one grid size fits all */
+        e = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e) return e;
+        int n = 0;
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k.fn, G4C_THREADS, smem);
+        if (e) return e;
+        per_sm = n < per_sm ? n : per_sm;
+    }
     if (per_sm < 1) return cudaErrorInvalidConfiguration;
     *grid = prop.multiProcessorCount * per_sm;
     *smem_bytes = smem;
@@ -1838,8 +1860,10 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
 
 cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream) {
     void *args[] = {(void *)p};
-    return cudaLaunchCooperativeKernel((const void *)g4c_kernel, dim3(grid), dim3(G4C_THREADS), args, smem_bytes,
-                                       stream);
+    for (const auto &k : g4c_kernels)
+        if ((p->kmask & ~k.mask) == 0)
+            return cudaLaunchCooperativeKernel(k.fn, dim3(grid), dim3(G4C_THREADS), args, smem_bytes, stream);
+    return cudaErrorInvalidValue;
 }
 
 /* ---- commit: staged rows into the caches --------------------------------------------------------- */

@@ -56,6 +56,17 @@ enum { G4C_QF_SIGNED = 1, G4C_QF_BIAS = 2, G4C_QF_TILED = 4 }; /* g4c_mat.flags 
  * two 512-byte loads are contiguous and land in mma.m16n8k16's A fragments. row_bytes stays
  * 2·cols (the row-major size, for byte counts). */
 enum { G4C_S_F32 = 0, G4C_S_F16 = 1, G4C_S_BF16 = 2 }; /* g4c_mat.stype */
+/* What a kernel instantiation can run (g4c_params.kmask): bit 1 << G4C_<type> for each weight type
+ * its matmul and expert stages read, G4C_KM_MMA for the tensor-core procedure. The kernel is one
+ * register allocation, so code for paths a model never takes costs the ones it does: the session
+ * launches the smallest instantiation that covers its stages (forward.cu g4c_launch). */
+enum {
+    G4C_KM_DENSE = (1 << G4C_F32) | (1 << G4C_F16) | (1 << G4C_BF16),
+    G4C_KM_Q8 = 1 << G4C_Q8,
+    G4C_KM_Q4 = 1 << G4C_Q4,
+    G4C_KM_MMA = 1 << 5,
+    G4C_KM_ALL = G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_Q4 | G4C_KM_MMA,
+};
 
 typedef struct g4c_mat {
     const void *data;     /* device; row r at data + r * row_bytes */
@@ -219,6 +230,7 @@ typedef struct g4c_ctl {
 typedef struct g4c_params {
     const g4c_op *ops;
     int n_ops;
+    unsigned kmask;       /* G4C_KM_* the stages need (session.cu kernel_mask) */
     int M, lm_from, want_logits;
     int direct;           /* M == 1: K/V straight into the cache */
     int qpos;             /* drafter: query position */

@@ -970,9 +970,27 @@ extern "C" void g4_cuda_free(g4_cuda *c) {
 
 /* ---- forward, commit, reads ---------------------------------------------------------------------- */
 
+/* The weight types (and the tensor-core procedure) the target's and the drafter's stages use: the
+ * launch takes the smallest kernel instantiation that has code for all of them. */
+static unsigned kernel_mask(const g4_cuda *c) {
+    unsigned m = 0;
+    for (const std::vector<g4c_op> *list : {&c->ops, &c->dops})
+        for (const g4c_op &o : *list) {
+            if (o.kind == G4C_OP_MATMUL) {
+                for (int i = 0; i < o.nparts; i++)
+                    if (o.part[i].w.data) m |= 1u << o.part[i].w.type;
+                if (o.mma_ks) m |= G4C_KM_MMA;
+            } else if (o.kind == G4C_OP_EXPERT) {
+                m |= 1u << o.ew.type;
+            }
+        }
+    return m;
+}
+
 static g4c_params base_params(const g4_cuda *c) {
     g4c_params p;
     memset(&p, 0, sizeof p);
+    p.kmask = kernel_mask(c);
     p.ops = c->d_ops;
     p.n_ops = (int)c->ops.size();
     p.n_steps = 1;
