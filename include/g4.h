@@ -165,6 +165,10 @@ typedef struct g4_generate_options {
      * generation after this token. May be NULL. */
     int (*on_token)(void *user, int32_t token, const float *logits, int n_vocab);
     void *user;
+    /* 1: on_token receives logits = NULL. Greedy generation on a GPU session then keeps the logits
+     * on the device and copies back only the chosen token ids (the same tokens); no effect with a
+     * sampler, whose draws need the logits. */
+    int no_logits;
     /* Benchmark mode: each drafted token is replaced by oracle[i] (i: index of the generated
      * token it proposes) with probability oracle_alpha, else by a wrong token; the drafter still
      * runs, so draft, verify and commit costs are real. NULL: off. */

@@ -112,7 +112,7 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
     tok_log lg = {oracle, 0, gen};
     g4_generate_stats ps;
     if (!st) {
-        g4_generate_options o = {.max_new = gen, .on_token = log_tok, .user = &lg};
+        g4_generate_options o = {.max_new = gen, .on_token = log_tok, .user = &lg, .no_logits = 1};
         g4_session_reset(s);
         st = g4_generate(s, prompt, ctx, &o, &ps, err);
     }
@@ -133,7 +133,8 @@ static g4_status alpha_table(g4_model *m, g4_session *s, const int32_t *prompt, 
             p = *end == ',' ? end + 1 : end;
             tok_log sl = {NULL, 0, 0};
             g4_generate_options o = {.max_new = gen, .drafter = d, .draft_k = k, .draft_fixed = 1, .oracle = oracle,
-                                     .n_oracle = lg.n, .oracle_alpha = a, .oracle_seed = 99, .on_token = log_tok, .user = &sl};
+                                     .n_oracle = lg.n, .oracle_alpha = a, .oracle_seed = 99, .on_token = log_tok, .user = &sl,
+                                     .no_logits = 1};
             g4_generate_stats gs;
             g4_session_reset(s);
             st = g4_generate(s, prompt, ctx, &o, &gs, err);
@@ -293,7 +294,11 @@ int cmd_bench(int argc, char **argv) {
         s->st.profile = profile && !s->cuda;
         memset(s->st.prof, 0, sizeof s->st.prof);
         a = now();
-        for (int i = 0; i < gen; i++) {
+        for (int i = 0; i < gen; i++) { /* as greedy generation steps: on a GPU only the id comes back */
+            if (s->cuda) {
+                if (g4_session_step_ids(s, &t, 1, 1, &t, &err)) goto fail;
+                continue;
+            }
             if (g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, &err)) goto fail;
             t = argmax(logits, info.vocab);
         }

@@ -331,6 +331,7 @@ static int generate(engine *e, const run_opts *o, const int32_t *prompt, int n_p
         .draft_k = o->draft_k,
         .on_token = on_token,
         .user = c,
+        .no_logits = 1, /* on_token prints the token only */
     };
     if (o->so.temperature == 0 && (o->so.repetition_penalty != 1 || o->so.presence_penalty != 0))
         go.sampler = e->sampler; /* greedy with penalties goes through the sampler */

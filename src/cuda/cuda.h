@@ -40,8 +40,10 @@ g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int
                           float *logits, int direct, g4_error *err);
 /* Copies staged rows [0, n) of the last forward (which started at stage_pos) into the cache. */
 g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err);
-/* Argmax token ids of the last forward's rows [lm_from, M) (computed on the device). */
-g4_status g4_cuda_argmax(g4_cuda *c, int m0, int n, int32_t *out, g4_error *err);
+/* g4_cuda_forward with every row's logits computed but left on the device: ids[m] receives the
+ * argmax of row m (softcapped logits, the lowest index on ties), the only bytes copied back. */
+g4_status g4_cuda_forward_ids(g4_cuda *c, int pos, const int32_t *tokens, int M, int direct, int32_t *ids,
+                              g4_error *err);
 
 /* Named intermediates of the last forward for debugging dumps: "embed", "ple", "layer_out"
  * (needs g4_cuda_set_debug), "final_norm", "logits". Rows m0..m0+n-1 of `layer`. */

@@ -1021,8 +1021,9 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
     return G4_OK;
 }
 
-extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
-                                     float *logits, int direct, g4_error *err) {
+/* the forward's launch, queued on the session's stream */
+static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, int direct,
+                                g4_error *err) {
     if (M < 1 || M > c->max_batch || lm_from < 0 || lm_from >= M || (direct && M != 1) || pos < 0 || pos + M > c->n_ctx)
         return g4_fail(err, G4_ERR_ARG, "CUDA forward: bad block (pos %d, M %d, lm_from %d)", pos, M, lm_from);
     g4_status st = set_tokens(c, pos, tokens, M, err);
@@ -1033,6 +1034,13 @@ extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens,
     p.want_logits = want_logits;
     p.direct = direct;
     CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the forward");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                                     float *logits, int direct, g4_error *err) {
+    g4_status st = launch_forward(c, pos, tokens, M, lm_from, want_logits, direct, err);
+    if (st) return st;
     const size_t V = (size_t)c->m->cfg.vocab;
     if (logits && want_logits)
         CK(cudaMemcpyAsync(logits, c->logits + (size_t)lm_from * V, sizeof(float) * (size_t)(M - lm_from) * V,
@@ -1047,11 +1055,14 @@ extern "C" g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *
     return G4_OK;
 }
 
-extern "C" g4_status g4_cuda_argmax(g4_cuda *c, int m0, int n, int32_t *out, g4_error *err) {
-    CK(cudaMemcpyAsync(c->h_ctl->next, c->ctl->next + m0, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost, c->stream),
-       "copying argmax");
-    CK(cudaStreamSynchronize(c->stream), "copying argmax");
-    memcpy(out, c->h_ctl->next, sizeof(int32_t) * (size_t)n);
+extern "C" g4_status g4_cuda_forward_ids(g4_cuda *c, int pos, const int32_t *tokens, int M, int direct, int32_t *ids,
+                                         g4_error *err) {
+    g4_status st = launch_forward(c, pos, tokens, M, 0, 1, direct, err);
+    if (st) return st;
+    CK(cudaMemcpyAsync(c->h_ctl->next, c->ctl->next, sizeof(int) * (size_t)M, cudaMemcpyDeviceToHost, c->stream),
+       "copying token ids");
+    CK(cudaStreamSynchronize(c->stream), "running the forward");
+    memcpy(ids, c->h_ctl->next, sizeof(int32_t) * (size_t)M);
     return G4_OK;
 }
 

@@ -148,6 +148,8 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         st = g4_fail(err, G4_ERR_NOMEM, "out of memory for generation buffers");
     if (!st && spec) st = g4_drafting_init(&dr, s, o->drafter, err);
     gen_ctx g = {s, o, stats, V, 0, err};
+    /* greedy on a GPU session without logits for the caller: the device's argmax ids only */
+    const int dev = s->cuda && !o->sampler && o->no_logits && !ts->dump;
 
     double t0 = now_seconds();
     stats->n_prompt = n_prompt;
@@ -189,6 +191,17 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
             break;
         }
         if (skip) skip--;
+        if (k == 0 && dev) { /* plain step, the token chosen on the device */
+            double s0 = now_seconds();
+            int32_t id = 0;
+            st = g4_session_step_ids(s, &t, 1, 1, &id, err);
+            if (costed) ema(&t_step[1], now_seconds() - s0);
+            if (!st && spec) st = g4_drafting_save(&dr, 0, err);
+            if (st) break;
+            t = id;
+            st = emit(&g, t, NULL);
+            continue;
+        }
         if (k == 0) { /* plain step */
             double s0 = now_seconds();
             st = g4_session_step(s, &t, 1, logits, 1, err);
@@ -229,7 +242,8 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         int32_t block[G4_MAX_DRAFT + 1];
         block[0] = t;
         memcpy(block + 1, drafts, sizeof(int32_t) * (size_t)k);
-        st = g4_session_step(s, block, k + 1, logits, 1, err);
+        int32_t ids[G4_MAX_DRAFT + 1];
+        st = dev ? g4_session_step_ids(s, block, k + 1, 0, ids, err) : g4_session_step(s, block, k + 1, logits, 1, err);
         if (costed) ema(&t_step[k + 1], now_seconds() - d1);
         if (st) break;
         stats->rounds++;
@@ -237,7 +251,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         int n = 0, fed = 1; /* accepted drafts; rows whose tokens the cache must keep */
         int32_t next = 0;
         for (int i = 0; i < k && !st; i++) {
-            const float *row = logits + (size_t)i * V;
+            const float *row = dev ? NULL : logits + (size_t)i * V;
             stats->drafted_at[i]++;
             int accept;
             if (o->sampler) {
@@ -256,7 +270,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
                     next = draw(pprobs, V, g4_sampler_uniform(o->sampler));
                 }
             } else {
-                next = argmax(row, V);
+                next = dev ? ids[i] : argmax(row, V);
                 accept = next == drafts[i];
             }
             if (st) break;
@@ -273,8 +287,11 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
             st = g4_session_commit(s, fed, err);
             break;
         }
-        const float *row = logits + (size_t)n * V;
-        if (n == k) st = choose(&g, row, &next); /* every draft accepted: the bonus token */
+        const float *row = dev ? NULL : logits + (size_t)n * V;
+        if (n == k) { /* every draft accepted: the bonus token */
+            if (dev) next = ids[k];
+            else st = choose(&g, row, &next);
+        }
         if (st) break;
         st = g4_session_commit(s, n + 1, err);
         if (!st) st = g4_drafting_save(&dr, n, err);
@@ -336,7 +353,8 @@ static int collect_token(void *user, int32_t tok, const float *logits, int n_voc
 g4_status g4_generate_greedy(g4_session *s, const int32_t *prompt, int n_prompt, int max_new, const int32_t *stop,
                              int n_stop, int32_t *out, int *n_out, g4_error *err) {
     collect_ctx c = {out, 0};
-    g4_generate_options o = {.max_new = max_new, .stop_tokens = stop, .n_stop = n_stop, .on_token = collect_token, .user = &c};
+    g4_generate_options o = {.max_new = max_new, .stop_tokens = stop, .n_stop = n_stop, .on_token = collect_token, .user = &c,
+                             .no_logits = 1};
     g4_status st = g4_generate(s, prompt, n_prompt, &o, NULL, err);
     *n_out = c.n;
     return st;

@@ -205,21 +205,53 @@ g4_status g4_session_forward(g4_session *s, const int32_t *tokens, int n, g4_log
     return G4_OK;
 }
 
+#ifdef G4_HAVE_CUDA
+/* a step's block on a GPU session: size, room, token ids */
+static g4_status check_step(const g4_session *s, const int32_t *tokens, int M, g4_error *err) {
+    const g4_state *st = &s->st;
+    const g4_config *c = &s->m->cfg;
+    if (M <= 0 || M > st->max_batch)
+        return g4_fail(err, G4_ERR_ARG, "forward of %d tokens (1..%d allowed per step)", M, st->max_batch);
+    if (st->pos + M > st->n_ctx)
+        return g4_fail(err, G4_ERR_CONTEXT_FULL, "context full: %d tokens in the cache + %d new exceed the context length %d",
+                       st->pos, M, st->n_ctx);
+    for (int m = 0; m < M; m++)
+        if (tokens[m] < 0 || tokens[m] >= c->vocab || (c->ple_width && tokens[m] >= c->ple_vocab))
+            return g4_fail(err, G4_ERR_ARG, "token id %d at index %d is outside the vocabulary (%d)", tokens[m], m,
+                           c->vocab);
+    return G4_OK;
+}
+#endif
+
+g4_status g4_session_step_ids(g4_session *s, const int32_t *tokens, int M, int commit, int32_t *ids, g4_error *err) {
+#ifdef G4_HAVE_CUDA
+    if (s->cuda) {
+        g4_state *st = &s->st;
+        if (commit && M != 1) return g4_fail(err, G4_ERR_ARG, "a committed step takes one token, not %d", M);
+        g4_status rc = check_step(s, tokens, M, err);
+        if (!rc) rc = g4_cuda_forward_ids(s->cuda, st->pos, tokens, M, commit, ids, err);
+        if (rc) return rc;
+        st->stage_pos = st->pos;
+        st->n_staged_last = M;
+        st->n_staged = commit ? 0 : M;
+        if (commit) st->pos += M;
+        return G4_OK;
+    }
+#else
+    (void)tokens;
+    (void)M;
+    (void)commit;
+    (void)ids;
+#endif
+    return g4_fail(err, G4_ERR_ARG, "token ids without logits need a GPU session");
+}
+
 g4_status g4_session_step(g4_session *s, const int32_t *tokens, int M, float *logits, int all_logits, g4_error *err) {
     g4_state *st = &s->st;
 #ifdef G4_HAVE_CUDA
     if (s->cuda) {
-        const g4_config *c = &s->m->cfg;
-        if (M <= 0 || M > st->max_batch)
-            return g4_fail(err, G4_ERR_ARG, "forward of %d tokens (1..%d allowed per step)", M, st->max_batch);
-        if (st->pos + M > st->n_ctx)
-            return g4_fail(err, G4_ERR_CONTEXT_FULL,
-                           "context full: %d tokens in the cache + %d new exceed the context length %d", st->pos, M,
-                           st->n_ctx);
-        for (int m = 0; m < M; m++)
-            if (tokens[m] < 0 || tokens[m] >= c->vocab || (c->ple_width && tokens[m] >= c->ple_vocab))
-                return g4_fail(err, G4_ERR_ARG, "token id %d at index %d is outside the vocabulary (%d)", tokens[m], m,
-                               c->vocab);
+        g4_status ck = check_step(s, tokens, M, err);
+        if (ck) return ck;
         int lm_from = all_logits ? 0 : M - 1;
         g4_status rc = g4_cuda_forward(s->cuda, st->pos, tokens, M, lm_from, logits != NULL, logits, 0, err);
         if (rc) return rc;

@@ -21,6 +21,11 @@ struct g4_session {
  * when all_logits, else the last row's [V] (may be NULL). Nothing is committed. */
 g4_status g4_session_step(g4_session *s, const int32_t *tokens, int M, float *logits, int all_logits,
                           g4_error *err);
+/* GPU sessions: a forward of M tokens whose logits stay on the device; ids[m] receives the argmax
+ * of row m (what argmax over g4_session_step's logits would give: the same values, the lowest
+ * index on ties). commit: M must be 1 and the token enters the cache at once (as with
+ * g4_session_forward); else the rows are staged as by g4_session_step. */
+g4_status g4_session_step_ids(g4_session *s, const int32_t *tokens, int M, int commit, int32_t *ids, g4_error *err);
 /* Keeps the first n staged positions of the last step (the rest leave no trace). */
 g4_status g4_session_commit(g4_session *s, int n, g4_error *err);
 

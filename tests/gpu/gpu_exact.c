@@ -68,17 +68,19 @@ static int on_token(void *user, int32_t t, const float *logits, int V) {
     tlog *l = user;
     if (l->n < l->cap) {
         l->tok[l->n] = t;
-        memcpy(l->lg + (size_t)l->n * V, logits, sizeof(float) * V);
+        if (l->lg) memcpy(l->lg + (size_t)l->n * V, logits, sizeof(float) * V);
         l->n++;
     }
     return 0;
 }
 
+/* out->lg NULL: tokens only (no_logits, so a GPU session chooses them on the device) */
 static int generate(g4_session *s, const int32_t *prompt, int np, int n, g4_drafter *d, int k, tlog *out,
                     g4_generate_stats *gs) {
     g4_error err = {0};
     out->n = 0;
-    g4_generate_options o = {.max_new = n, .on_token = on_token, .user = out, .drafter = d, .draft_k = k, .draft_fixed = 1};
+    g4_generate_options o = {.max_new = n, .on_token = on_token, .user = out, .drafter = d, .draft_k = k, .draft_fixed = 1,
+                             .no_logits = out->lg == NULL};
     g4_session_reset(s);
     if (g4_generate(s, prompt, np, &o, gs, &err)) {
         fprintf(stderr, "generate: %s\n", err.message);
@@ -221,6 +223,14 @@ static void check_fixture(const char *arg, int n_gen) {
         free(lg);
         free(chain);
     }
+    { /* token ids chosen on the device (no logits copied back) against the host's argmax */
+        tlog ids = {malloc(sizeof(int32_t) * n_gen), NULL, 0, n_gen, V};
+        int ok = ids.tok && !generate(s, prompt, np, n_gen, NULL, 0, &ids, NULL);
+        int same = ok && ids.n == plain.n && !memcmp(ids.tok, plain.tok, sizeof(int32_t) * plain.n);
+        snprintf(detail, sizeof detail, "%d tokens: %s", n_gen, same ? "same tokens as plain greedy" : "DIFFER");
+        report(same, name, "ids-only greedy == plain greedy", detail);
+        free(ids.tok);
+    }
     {
         char adir[1100];
         struct stat sb;
@@ -249,9 +259,16 @@ static void check_fixture(const char *arg, int n_gen) {
                 all_same &= same;
                 acc += gs.accepted;
                 drf += gs.drafted;
+                /* the same round structure with the verify rows' ids chosen on the device */
+                tlog ids = {malloc(sizeof(int32_t) * n_gen), NULL, 0, n_gen, V};
+                int ok = ids.tok && !generate(s, prompt, np, n_gen, d, k, &ids, NULL);
+                int same_ids = ok && ids.n == plain.n && !memcmp(ids.tok, plain.tok, sizeof(int32_t) * plain.n);
+                if (!same_ids) printf("     k = %d: ids-only drafted generation differs\n", k);
+                all_same &= same_ids;
+                free(ids.tok);
             }
             snprintf(detail, sizeof detail, "k = 1..6, %d tokens each: %s; %d of %d drafts accepted", n_gen,
-                     all_same ? "tokens and logits bitwise identical" : "DIFFER", acc, drf);
+                     all_same ? "tokens and logits bitwise identical (ids-only too)" : "DIFFER", acc, drf);
             report(all_same, name, "drafted == plain greedy (GPU)", detail);
             /* the GPU drafter's first-step proposals against the CPU drafter's */
             int32_t dg[4], dc[4];
