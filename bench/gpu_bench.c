@@ -231,7 +231,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             printf("  tune pf_items=%d pf_self=%d split_chunks=%-2d smem_kb=%-3d ctx 128: %8.1f tok/s %8.0f GB/s %5.1f%%\n", a, b, sc, kb, tps,
                    bytes * tps / 1e9, 100.0 * bytes * tps / bw);
         }
-        g4_cuda_set_tune(s->cuda, 0, 0, 8, 0, &err);
+        g4_cuda_set_tune(s->cuda, 0, 0, 0, 0, &err); /* the defaults */
     }
     /* per-stage traces: "ev,local,skip[,detail];..." */
     if (bo->trace && *bo->trace) {

@@ -86,10 +86,11 @@ void g4_cuda_set_skip(g4_cuda *c, int mask);
  * the last run: its code and small data are warm). Results are meaningless while rep > 0. */
 void g4_cuda_set_rep(g4_cuda *c, int rep);
 /* Tuning for benchmarks: items per row team prefetched into L2 ahead of the next matmul stage
- * (0: none; default 1), prefetch of each team's next item within a stage (default 1), and the
- * most 16-byte chunks a lane streams per row before rows are split over more warps (default 8;
- * this one changes the reduction order, so compare logits only within one setting), and the
- * shared memory per block in KB (0: keep; less leaves more L1 but tiles fewer tokens). */
+ * (default 0: none), prefetch of each team's next item within a stage (default 0: off), the most
+ * 16-byte chunks a lane streams per row before rows are split over more warps (0: the defaults,
+ * 32 for dense rows and 8 for quantised ones; this one changes the reduction order, so compare
+ * logits only within one setting), and the shared memory per block in KB (0: keep; less leaves
+ * more L1 but tiles fewer tokens). */
 g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb, g4_error *err);
 /* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
 g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
