@@ -26,6 +26,16 @@ static int log_token(void *user, int32_t tok, const float *logits, int n_vocab) 
     return 0;
 }
 
+/* no_logits: the callback gets NULL (tokens only) */
+static int log_token_only(void *user, int32_t tok, const float *logits, int n_vocab) {
+    (void)n_vocab;
+    token_log *l = user;
+    assert_null(logits);
+    assert_true(l->n < l->cap);
+    l->tokens[l->n++] = tok;
+    return 0;
+}
+
 static void load(const char *name, g4_model **m, g4_drafter **d) {
     char rel[256], path[1024];
     g4_error err = {0};
@@ -219,6 +229,36 @@ static void test_speculative_sampling_distribution(void **state) {
     g4_model_free(m);
 }
 
+/* g4_generate_options.no_logits: the same tokens, plain and drafted, and no logits to the callback */
+static void test_no_logits(void **state) {
+    (void)state;
+    const int n_gen = 64;
+    g4_model *m;
+    g4_drafter *d;
+    load("e2b-mini", &m, &d);
+    g4_session *s = NULL;
+    g4_error err = {0};
+    assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = 128, .n_threads = 1}, &s, &err), G4_OK);
+    const int32_t prompt[4] = {2, 17, 99, 300};
+    token_log plain = {malloc(sizeof(int32_t) * n_gen), NULL, 0, n_gen, 0};
+    token_log ids = {malloc(sizeof(int32_t) * n_gen), NULL, 0, n_gen, 0};
+    run(s, prompt, 4, &(g4_generate_options){.max_new = n_gen}, &plain, NULL);
+    for (int k = 0; k <= 4; k++) {
+        g4_generate_options o = {.max_new = n_gen, .drafter = k ? d : NULL, .draft_k = k, .draft_fixed = 1,
+                                 .on_token = log_token_only, .user = &ids, .no_logits = 1};
+        ids.n = 0;
+        g4_session_reset(s);
+        assert_int_equal(g4_generate(s, prompt, 4, &o, NULL, &err), G4_OK);
+        assert_int_equal(ids.n, plain.n);
+        assert_memory_equal(ids.tokens, plain.tokens, sizeof(int32_t) * (size_t)plain.n);
+    }
+    free(plain.tokens);
+    free(ids.tokens);
+    g4_session_free(s);
+    g4_drafter_free(d);
+    g4_model_free(m);
+}
+
 static void test_bad_drafters(void **state) {
     (void)state;
     g4_model *e2b, *dense;
@@ -263,6 +303,7 @@ static void test_bad_drafters(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_drafters),
+        cmocka_unit_test(test_no_logits),
         cmocka_unit_test(test_lossless_greedy),
         cmocka_unit_test(test_speculative_sampling_distribution),
     };

@@ -69,7 +69,7 @@ static g4_status emit(gen_ctx *g, int32_t tok, const float *logits) {
         g4_status st = g4_sampler_accept(o->sampler, tok, g->err);
         if (st) return st;
     }
-    if (o->on_token && o->on_token(o->user, tok, logits, g->V)) g->done = 1;
+    if (o->on_token && o->on_token(o->user, tok, o->no_logits ? NULL : logits, g->V)) g->done = 1;
     for (int i = 0; i < o->n_stop; i++)
         if (o->stop_tokens[i] == tok) g->done = 1;
     if (g->st->n_generated >= o->max_new) g->done = 1;
