@@ -90,6 +90,7 @@ struct g4_cuda {
     int evict_first, op_local;           /* g4_cuda_set_mode */
     int mma_bf16;                        /* bf16 matmuls on the tensor cores (G4_CUDA_MMA at creation) */
     int smem_need;                       /* floats of the widest input tile row */
+    unsigned kmask;                      /* G4C_KM_* of every stage list uploaded (push_ops) */
     size_t smem;
     cudaStream_t stream;
     cudaEvent_t ev0, ev1;
@@ -780,11 +781,31 @@ static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
     }
 }
 
-static g4_status push_ops(std::vector<g4c_op> &ops, g4c_op **dev, g4_error *err) {
+/* The weight types (and the tensor-core procedure) the target's and the drafter's stages use: the
+ * launch takes the smallest kernel instantiation that has code for all of them (kept in c->kmask
+ * whenever a stage list is uploaded; never narrowed when a drafter is released). */
+static unsigned kernel_mask(const g4_cuda *c) {
+    unsigned m = 0;
+    for (const std::vector<g4c_op> *list : {&c->ops, &c->dops})
+        for (const g4c_op &o : *list) {
+            if (o.kind == G4C_OP_MATMUL) {
+                for (int i = 0; i < o.nparts; i++)
+                    if (o.part[i].w.data) m |= 1u << o.part[i].w.type;
+                if (o.mma_ks) m |= G4C_KM_MMA;
+            } else if (o.kind == G4C_OP_EXPERT) {
+                m |= 1u << o.ew.type;
+            }
+        }
+    return m;
+}
+
+/* Uploads a stage list (the target's or the drafter's) and refreshes the kernel mask. */
+static g4_status push_ops(g4_cuda *c, std::vector<g4c_op> &ops, g4c_op **dev, g4_error *err) {
     if (*dev) cudaFree(*dev);
     *dev = NULL;
     CK(cudaMalloc((void **)dev, sizeof(g4c_op) * ops.size()), "allocating the stage list");
     CK(cudaMemcpy(*dev, ops.data(), sizeof(g4c_op) * ops.size(), cudaMemcpyHostToDevice), "uploading the stage list");
+    c->kmask |= kernel_mask(c);
     return G4_OK;
 }
 
@@ -940,7 +961,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
                 st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: a matmul stage mixes tiled and row-major matrices");
                 goto fail;
             }
-    if ((st = push_ops(c->ops, &c->d_ops, err))) goto fail;
+    if ((st = push_ops(c, c->ops, &c->d_ops, err))) goto fail;
     *out = c;
     return G4_OK;
 fail:
@@ -977,27 +998,10 @@ extern "C" void g4_cuda_free(g4_cuda *c) {
 
 /* ---- forward, commit, reads ---------------------------------------------------------------------- */
 
-/* The weight types (and the tensor-core procedure) the target's and the drafter's stages use: the
- * launch takes the smallest kernel instantiation that has code for all of them. */
-static unsigned kernel_mask(const g4_cuda *c) {
-    unsigned m = 0;
-    for (const std::vector<g4c_op> *list : {&c->ops, &c->dops})
-        for (const g4c_op &o : *list) {
-            if (o.kind == G4C_OP_MATMUL) {
-                for (int i = 0; i < o.nparts; i++)
-                    if (o.part[i].w.data) m |= 1u << o.part[i].w.type;
-                if (o.mma_ks) m |= G4C_KM_MMA;
-            } else if (o.kind == G4C_OP_EXPERT) {
-                m |= 1u << o.ew.type;
-            }
-        }
-    return m;
-}
-
 static g4c_params base_params(const g4_cuda *c) {
     g4c_params p;
     memset(&p, 0, sizeof p);
-    p.kmask = kernel_mask(c);
+    p.kmask = c->kmask;
     p.ops = c->d_ops;
     p.n_ops = (int)c->ops.size();
     p.n_steps = 1;
@@ -1086,7 +1090,7 @@ extern "C" g4_status g4_cuda_set_debug(g4_cuda *c, int on, g4_error *err) {
     }
     build_target(c);
     finish_ops(c, c->ops);
-    return push_ops(c->ops, &c->d_ops, err);
+    return push_ops(c, c->ops, &c->d_ops, err);
 }
 
 extern "C" g4_status g4_cuda_read(g4_cuda *c, const char *name, int layer, int m0, int n, float *out, int *row_len,
@@ -1345,7 +1349,7 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
     }
     build_drafter(c, d);
     finish_ops(c, c->dops);
-    if ((st = push_ops(c->dops, &c->d_dops, err))) {
+    if ((st = push_ops(c, c->dops, &c->d_dops, err))) {
         drafter_release(c);
         return st;
     }
@@ -1502,11 +1506,11 @@ extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int
     c->split_chunks = split_chunks < 0 ? 0 : split_chunks;
     build_target(c);
     finish_ops(c, c->ops);
-    g4_status st = push_ops(c->ops, &c->d_ops, err);
+    g4_status st = push_ops(c, c->ops, &c->d_ops, err);
     if (st || !c->dr) return st;
     build_drafter(c, c->dr);
     finish_ops(c, c->dops);
-    return push_ops(c->dops, &c->d_dops, err);
+    return push_ops(c, c->dops, &c->d_dops, err);
 }
 
 extern "C" g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err) {

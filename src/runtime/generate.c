@@ -191,26 +191,17 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
             break;
         }
         if (skip) skip--;
-        if (k == 0 && dev) { /* plain step, the token chosen on the device */
+        if (k == 0) { /* plain step (dev: the token chosen on the device, committed at once) */
             double s0 = now_seconds();
             int32_t id = 0;
-            st = g4_session_step_ids(s, &t, 1, 1, &id, err);
+            st = dev ? g4_session_step_ids(s, &t, 1, 1, &id, err) : g4_session_step(s, &t, 1, logits, 1, err);
             if (costed) ema(&t_step[1], now_seconds() - s0);
+            if (!st && !dev) st = g4_session_commit(s, 1, err);
             if (!st && spec) st = g4_drafting_save(&dr, 0, err);
             if (st) break;
-            t = id;
-            st = emit(&g, t, NULL);
-            continue;
-        }
-        if (k == 0) { /* plain step */
-            double s0 = now_seconds();
-            st = g4_session_step(s, &t, 1, logits, 1, err);
-            if (costed) ema(&t_step[1], now_seconds() - s0);
-            if (!st) st = g4_session_commit(s, 1, err);
-            if (!st && spec) st = g4_drafting_save(&dr, 0, err);
-            if (st) break;
-            st = choose(&g, logits, &t);
-            if (!st) st = emit(&g, t, logits);
+            if (dev) t = id;
+            else st = choose(&g, logits, &t);
+            if (!st) st = emit(&g, t, logits); /* emit passes NULL under no_logits */
             continue;
         }
         /* draft k tokens, each step feeding the previous proposal and the carried hidden */
@@ -251,7 +242,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
         int n = 0, fed = 1; /* accepted drafts; rows whose tokens the cache must keep */
         int32_t next = 0;
         for (int i = 0; i < k && !st; i++) {
-            const float *row = dev ? NULL : logits + (size_t)i * V;
+            const float *row = logits + (size_t)i * V; /* not filled (and not read) when dev */
             stats->drafted_at[i]++;
             int accept;
             if (o->sampler) {
@@ -287,7 +278,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
             st = g4_session_commit(s, fed, err);
             break;
         }
-        const float *row = dev ? NULL : logits + (size_t)n * V;
+        const float *row = logits + (size_t)n * V;
         if (n == k) { /* every draft accepted: the bonus token */
             if (dev) next = ids[k];
             else st = choose(&g, row, &next);
