@@ -43,6 +43,7 @@ static void bench_usage(FILE *f) {
             "  --device D           cpu (default) or cuda\n"
             "  --no-verify          skip the verify-block table\n"
             "  --profile            after each decode row, where a token's time went (CPU)\n"
+            "  --batch N            most tokens per forward step: the prefill chunk (default 64)\n"
             "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
             "                       (llama.cpp's pp512 is --prefill 512)\n"
             "  --json               also print each result as one JSON object per line (lines start with '{')\n"
@@ -172,7 +173,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
     int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
-    int json = 0, prefill = 0, device = G4_DEVICE_CPU;
+    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -208,7 +209,10 @@ int cmd_bench(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (!strcmp(a, "--prefill")) {
+        else if (!strcmp(a, "--batch")) {
+            if (cli_parse_int(a, v, 1, 512, &batch)) return 2;
+            i++;
+        } else if (!strcmp(a, "--prefill")) {
             if (cli_parse_int(a, v, 1, 1 << 20, &prefill)) return 2;
             i++;
         }
@@ -253,7 +257,7 @@ int cmd_bench(int argc, char **argv) {
     printf("model: %s%s (%s, %d layers, hidden %d), %.3f GB streamed per token, ready in %.1f s\n",
            synth ? "synthetic " : "", synth ? synth : model_path, storage ? storage : synth ? "bf16" : info.arch,
            info.n_layers, info.hidden, info.weight_bytes / 1e9, now() - t0);
-    g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = 64, .device = device};
+    g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = batch, .device = device};
     if (g4_session_create(m, &o, &s, &err)) goto fail;
     int nt = threads;
     if (!nt) {

@@ -435,9 +435,10 @@ DEV double red_get(int m, const double *red) {
 DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
     return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
 }
-DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p) {
+DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p,
+                    bool writer) {
     const int tid = threadIdx.x, K4 = K / 4, ldk = G4C_TILE_LD(K);
-    const bool writer = blockIdx.x == 0, norm = in.kind == G4C_IN_NORM;
+    const bool norm = in.kind == G4C_IN_NORM;
     const bool has_t = norm && in.t, has_n = norm && in.norm != G4C_NORM_NONE;
     float *tst = sm + (size_t)mt * ldk, *tws = tst + (size_t)mt * K, *nws = tws + K;
     double *red1 = red, *red2 = red + G4C_WARPS * G4C_MT;
@@ -528,10 +529,9 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
  * issued before any is used, so a row costs one memory round trip and two block reductions; the
  * arithmetic per element is the same for any M. */
 DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
-                     const g4c_params &p) {
+                     const g4c_params &p, bool writer) {
     const g4c_in &in = *inp;
     const int tid = threadIdx.x;
-    const bool writer = blockIdx.x == 0;
     for (int m = 0; m < mt; m++) {
         const int tm = t0 + m;
         float *v = sm + (size_t)m * G4C_TILE_LD(K);
@@ -792,16 +792,17 @@ DEV float mm_store(const g4c_op *op, const g4c_part *P0, int step, size_t tm, in
 /* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
  * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
  * its accumulators in registers; the token count only decides how many accumulators exist, each
- * sees the same operations. */
+ * sees the same operations. The row teams are those of blocks blk of nblk sharing this tile (every
+ * block, or the tile's group in the wide kernels: op_matmul). */
 template <int T, int MTT>
-DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
+DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk) {
     const tail_t tl = tail_of(sm, p);
     const mm_shape sh = mm_shape_of(op, p);
     const int pair = sh.pair, total = sh.total, S = op->split;
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
-    const int tg = blockIdx.x * tpb + team, nteams = gridDim.x * tpb;
+    const int tg = blk * tpb + team, nteams = nblk * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
     const unsigned long long pol = l2_policy(p.evict_first);
     int parity = 0;
@@ -866,13 +867,14 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
 }
 
 template <unsigned TM, int MTT>
-DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax) {
+DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk,
+                   int nblk) {
     switch (type) { /* types outside the instantiation's mask have no code here (session.cu kernel_mask) */
-    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT>(op, p, step, sm, t0, mt, amax); break;
-    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT>(op, p, step, sm, t0, mt, amax); break;
-    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT>(op, p, step, sm, t0, mt, amax); break;
+    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
     }
 }
 
@@ -1128,8 +1130,22 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
     const bool mma = (TM & G4C_KM_MMA) && op->mma_ks > 0;
     int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
     if (mt_cap > (mma ? G4C_MMA_MT : G4C_MT)) mt_cap = mma ? G4C_MMA_MT : G4C_MT;
-    const int warp = threadIdx.x >> 5;
-    for (int t0 = m_begin; t0 < M; t0 += mt_cap) {
+    const int warp = threadIdx.x >> 5, ntiles = (M - m_begin + mt_cap - 1) / mt_cap;
+    /* The wide kernels give each token tile of a stage its own group of blocks (the last group
+     * takes the remainder), so a block builds one input tile instead of every one; the rows'
+     * arithmetic does not depend on which block or team computes them. Not for tensor-core stages
+     * (their segment counters assume every block) or argmax stages (every block's partials). */
+    int blk = blockIdx.x, nblk = gridDim.x, ti0 = 0, tstep = 1;
+    if constexpr ((TM & G4C_KM_WIDE) != 0) {
+        if (!mma && !amax && ntiles > 1 && (int)gridDim.x >= ntiles) {
+            const int gb = gridDim.x / ntiles;
+            ti0 = min((int)blockIdx.x / gb, ntiles - 1);
+            blk = blockIdx.x - ti0 * gb;
+            nblk = ti0 == ntiles - 1 ? gridDim.x - ti0 * gb : gb;
+            tstep = ntiles;
+        }
+    }
+    for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
         for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
@@ -1137,9 +1153,9 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
             float *base = sm + (size_t)m0 * ldk;
             if (sub > 1 && op->in.kind != G4C_IN_CONCAT &&
                 (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats)
-                load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p);
+                load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0);
             else
-                load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p);
+                load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0);
         }
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if constexpr ((TM & G4C_KM_MMA) != 0) {
@@ -1155,11 +1171,11 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) 
             }
         }
         if (sh.total && !mma) {
-            if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax);
-            else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax);
-            else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax);
+            if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+            else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+            else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
         }
-        if (t0 + mt_cap >= M && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, warp);
+        if (t0 + tstep * mt_cap >= M && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, warp);
         __syncthreads();
     }
     if (amax) finish_argmax(p, m_begin, M, amax, step, 0, tl.flag);
@@ -1822,7 +1838,8 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
     }
 }
 
-/* The instantiations, smallest first: a launch takes the first whose mask covers p->kmask. */
+/* The instantiations, smallest first: a launch takes the first whose mask covers p->kmask (and
+ * G4C_KM_WIDE for launches of G4C_WIDE_M or more tokens). */
 static const struct {
     unsigned mask;
     const void *fn;
@@ -1832,6 +1849,10 @@ static const struct {
     {G4C_KM_DENSE | G4C_KM_Q4, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q4>},
     {G4C_KM_DENSE | G4C_KM_Q8, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q8>},
     {G4C_KM_ALL, (const void *)g4c_kernel<G4C_KM_ALL>},
+    {G4C_KM_DENSE | G4C_KM_WIDE, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_WIDE>},
+    {G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_WIDE, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_WIDE>},
+    {G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_WIDE, (const void *)g4c_kernel<G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_WIDE>},
+    {G4C_KM_ALL | G4C_KM_WIDE, (const void *)g4c_kernel<G4C_KM_ALL | G4C_KM_WIDE>},
 };
 
 cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *smem_in_floats) {
@@ -1860,8 +1881,9 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
 
 cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream) {
     void *args[] = {(void *)p};
+    const unsigned need = p->kmask | (p->M >= G4C_WIDE_M ? (unsigned)G4C_KM_WIDE : 0u);
     for (const auto &k : g4c_kernels)
-        if ((p->kmask & ~k.mask) == 0)
+        if ((need & ~k.mask) == 0)
             return cudaLaunchCooperativeKernel(k.fn, dim3(grid), dim3(G4C_THREADS), args, smem_bytes, stream);
     return cudaErrorInvalidValue;
 }

@@ -59,13 +59,19 @@ enum { G4C_S_F32 = 0, G4C_S_F16 = 1, G4C_S_BF16 = 2 }; /* g4c_mat.stype */
 /* What a kernel instantiation can run (g4c_params.kmask): bit 1 << G4C_<type> for each weight type
  * its matmul and expert stages read, G4C_KM_MMA for the tensor-core procedure. The kernel is one
  * register allocation, so code for paths a model never takes costs the ones it does: the session
- * launches the smallest instantiation that covers its stages (forward.cu g4c_launch). */
+ * launches the smallest instantiation that covers its stages (forward.cu g4c_launch).
+ * G4C_KM_WIDE marks the instantiations for launches of G4C_WIDE_M or more tokens (prefill
+ * chunks): their matmul stages give each token tile its own group of blocks (forward.cu
+ * op_matmul) - with the same arithmetic per output, so a token's values do not depend on which
+ * kind of kernel ran it - while the others stay exactly the decode kernels they were. */
 enum {
     G4C_KM_DENSE = (1 << G4C_F32) | (1 << G4C_F16) | (1 << G4C_BF16),
     G4C_KM_Q8 = 1 << G4C_Q8,
     G4C_KM_Q4 = 1 << G4C_Q4,
     G4C_KM_MMA = 1 << 5,
     G4C_KM_ALL = G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_Q4 | G4C_KM_MMA,
+    G4C_KM_WIDE = 1 << 6,
+    G4C_WIDE_M = 8,
 };
 
 typedef struct g4c_mat {
