@@ -10,7 +10,7 @@
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
- *                  [--mode evict_first,op_local] [--mma MASK] [--no-breakdown] [--trace-m M] */
+ *                  [--mode evict_first,op_local] [--mma MASK] [--no-breakdown] [--trace-m M] [--trace-prefill] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +46,7 @@ static double kv_bytes(const g4_model *m, int pos) {
 typedef struct {
     const char *storage, *tune, *ctx, *trace;
     int breakdown, trace_m; /* --trace-m: tokens per traced step (a verify block when > 1) */
+    int trace_fast;         /* --trace-prefill: the traced step runs the prefill procedure */
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
     int mma;                   /* --mma MASK: G4_CUDA_MMA for the session (-1: leave the environment) */
 } bench_opts;
@@ -254,6 +255,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             }
             g4_cuda_set_rep(s->cuda, rep);
             if (rep) printf("    (every stage run %d times, the last timed: warm code and small data)\n", rep + 1);
+            g4_cuda_set_trace_prefill(s->cuda, bo->trace_fast);
             trace_table(s, prompt, bo->trace_m, ev, local, skip, detail, bo->evict_first, bo->op_local);
             g4_cuda_set_rep(s->cuda, 0);
         }
@@ -316,6 +318,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) bo.trace = argv[++i];
         else if (!strcmp(argv[i], "--no-breakdown")) bo.breakdown = 0;
         else if (!strcmp(argv[i], "--trace-m") && i + 1 < argc) bo.trace_m = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--trace-prefill")) bo.trace_fast = 1;
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
         }
@@ -324,7 +327,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--no-breakdown] [--trace-m M]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
             return 2;
         }
     }

@@ -98,6 +98,11 @@ typedef struct g4_session_options {
     int device;     /* G4_DEVICE_CPU (0) or G4_DEVICE_CUDA: the weights are uploaded to the GPU
                        and every forward runs there; creating the session fails with
                        G4_ERR_UNSUPPORTED ("no CUDA device/driver: ...") where there is none */
+    int exact_prefill; /* GPU sessions: 1 runs prompts (forwards of several tokens) with the decode
+                          procedure, so their logits are bitwise those of feeding the tokens one at a
+                          time; 0 (default) with the prefill procedure (bf16 tensor cores), whose
+                          logits do not depend on the chunk size either and differ from the decode
+                          procedure's by rounding only */
 } g4_session_options;
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out,

@@ -38,6 +38,11 @@ void g4_cuda_free(g4_cuda *c);
  * not NULL; the final-normed hidden of those tokens is kept for g4_cuda_save_hidden. */
 g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
                           float *logits, int direct, g4_error *err);
+/* g4_cuda_forward (staged, never direct) with the prefill procedure: bf16 matmul stages on the
+ * tensor cores (program.h G4C_FP_*), logits independent of M, within rounding of the decode
+ * procedure's. */
+g4_status g4_cuda_prefill(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, float *logits,
+                          g4_error *err);
 /* Copies staged rows [0, n) of the last forward (which started at stage_pos) into the cache. */
 g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err);
 /* g4_cuda_forward with every row's logits computed but left on the device: ids[m] receives the
@@ -82,6 +87,8 @@ g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsig
                         double *wbytes, g4_error *err);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);
+/* 1: g4_cuda_trace runs the prefill procedure (g4_cuda_prefill's) instead of the decode one. */
+void g4_cuda_set_trace_prefill(g4_cuda *c, int on);
 /* Benchmark instrumentation: run every stage of a launch rep+1 times back to back (the trace times
  * the last run: its code and small data are warm). Results are meaningless while rep > 0. */
 void g4_cuda_set_rep(g4_cuda *c, int rep);

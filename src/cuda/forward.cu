@@ -1124,10 +1124,318 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
     __syncthreads(); /* the argmax scratch may be part of the next tile */
 }
 
+/* ---- the prefill procedure: bf16 tensor cores over a prompt's tokens ----------------------------- */
+
+/* Launches of a prompt's tokens (p.fast) run the matmul stages whose weights are bf16 rows (fp_ks >
+ * 0) in two phases. First the stage's input rows, built exactly as for the other procedure
+ * (load_input: residual, norms, the writes the program needs), go to p.fp_x as three bf16 terms
+ * (x = h + m + l, within 2^-26 |x|: split_bf16), one token per block; a grid barrier; then the
+ * products. A block item is a band of 16-row tiles (two per warp: consecutive tiles of the stage's
+ * parts, or a gate/up pair's two), a block of G4C_FP_TB tokens and one of op->fp_ks K segments;
+ * the block copies the band's weights and its tokens' activation terms G4C_FP_KS k-steps at a time
+ * into shared memory (asynchronous copies, G4C_FP_NBUF chunks in flight), the weights in the
+ * layout of m16n8k16 A operands. Per 32 columns, 8 tokens and tile six products accumulate in a
+ * fixed order (both 16-column halves against h, m and l). With one segment the block stores the
+ * outputs; with more, each segment's fragments go to p.fp_part and, after another grid barrier,
+ * every block adds a share of them in segment order and stores those. A token is one column of the
+ * products, computed by the same datapath whatever the other columns hold, and the bands and
+ * segments are functions of the stage's shape, so a token's outputs do not depend on how many
+ * tokens the launch has or where it sits in them: a prompt's logits do not depend on the chunk
+ * size. They differ from the decode procedure's by rounding (the order of the sums), within the
+ * usual tolerance. */
+DEV void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* phase 1: token m's input row (one per block) -> p.fp_x as bf16 terms */
+DEVN void fp_prep(const g4c_op *op, const g4c_params &p, int step, float *sm, double *red) {
+    const int K = op->part[0].w.cols;
+    const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
+#pragma unroll 1
+    for (int m = blockIdx.x; m < p.M; m += gridDim.x) {
+        load_input(&op->in, K, m, 1, step, sm, red, p, true);
+        unsigned *h = reinterpret_cast<unsigned *>(p.fp_x + (size_t)m * p.fp_ld);
+        unsigned *md = reinterpret_cast<unsigned *>(p.fp_x + ts + (size_t)m * p.fp_ld);
+        unsigned *l = reinterpret_cast<unsigned *>(p.fp_x + 2 * ts + (size_t)m * p.fp_ld);
+#pragma unroll 1
+        for (int i = threadIdx.x; i < K / 2; i += G4C_THREADS) {
+            unsigned a, b, c;
+            split_bf16(sm[px(2 * i)], sm[px(2 * i + 1)], a, b, c);
+            h[i] = a;
+            md[i] = b;
+            l[i] = c;
+        }
+        __syncthreads(); /* the next row reuses sm */
+    }
+}
+
+/* the 16-row tile ti of a stage (gate/up pairs: of part `half`) -> part index and the tile's first row */
+DEV int fp_tile(const g4c_op *op, int nparts, bool pair, int half, int ti, int *r0) {
+    int pi = pair ? half : 0, li = ti;
+    if (!pair)
+        while (pi + 1 < nparts && li >= (op->part[pi].w.rows + 15) / 16) li -= (op->part[pi++].w.rows + 15) / 16;
+    *r0 = 16 * li;
+    return pi;
+}
+
+/* A block item's shared-memory chunk (G4C_FP_KS k-steps): the band's 16 tiles' weight rows, then
+ * the tokens' activation terms [term][token], every row G4C_FP_LDS bf16 long (16 bytes of padding:
+ * the 8 rows an ldmatrix phase reads fall in distinct banks). Fragments are read with ldmatrix, so
+ * they land in the registers of m16n8k16 operands as they are. G4C_FP_NBUF chunks in flight. */
+enum {
+    FP_WBYTES = 16 * 16 * G4C_FP_LDS * 2,                    /* 16 tiles' weight rows */
+    FP_XBYTES = G4C_FP_TERMS * G4C_FP_TB * G4C_FP_LDS * 2,   /* activation terms */
+    FP_BUF = FP_WBYTES + FP_XBYTES,
+};
+DEV void ldsm4(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+/* the band's smem tile T (0..15) -> part, the tile's first row, whether it exists */
+DEV int fp_band_tile(const g4c_op *op, int nparts, bool pair, int rtiles, int band, int T, int *r0, bool *ok) {
+    const int ti = pair ? band * 8 + (T & 7) : band * 16 + T;
+    *ok = ti < rtiles;
+    return fp_tile(op, nparts, pair, pair ? T >> 3 : 0, *ok ? ti : 0, r0);
+}
+
+/* Per item, the band's 16 tiles as shared-memory table entries (filled by threads 0..15): the
+ * tile's first row, its row stride and the last row index that exists (relative) */
+typedef struct {
+    const char *base[16];
+    long long rb[16];
+    int last[16];
+} fp_tiles_t;
+
+/* chunk ks0 .. ks0+nk-1 (k-steps) of an item into buffer buf: weights of the band's 16 tiles and
+ * the tokens' terms, asynchronous copies (the caller commits the group) */
+DEV void fp_stage(const g4c_params &p, const fp_tiles_t &tt, char *buf, int t0, int mt, int ks0, int nk) {
+    const int tid = threadIdx.x;
+    unsigned short *ws = reinterpret_cast<unsigned short *>(buf);
+    /* weights: 16 tiles x 16 rows x 4·G4C_FP_KS pieces of 16 bytes */
+    constexpr int PR = 4 * G4C_FP_KS;
+#pragma unroll
+    for (int j = 0; j < 16 * 16 * PR / G4C_THREADS; j++) {
+        const int f = tid + j * G4C_THREADS, T = f / (16 * PR), r = f / PR % 16, c = f % PR;
+        if (c >= 4 * nk) continue;
+        cp16(ws + ((size_t)T * 16 + r) * G4C_FP_LDS + 8 * c, tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T] + (size_t)(32 * ks0 + 8 * c) * 2);
+    }
+    /* the terms of tokens t0 .. t0+mt-1 */
+    unsigned short *xs = reinterpret_cast<unsigned short *>(buf + FP_WBYTES);
+    const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
+#pragma unroll
+    for (int term = 0; term < G4C_FP_TERMS; term++) {
+        const unsigned short *src = p.fp_x + term * ts + (size_t)t0 * p.fp_ld + 32 * ks0;
+        unsigned short *dst = xs + (size_t)term * G4C_FP_TB * G4C_FP_LDS;
+#pragma unroll 1
+        for (int f = tid; f < mt * PR; f += G4C_THREADS) {
+            const int m = f / PR, c = f % PR;
+            if (c < 4 * nk) cp16(dst + (size_t)m * G4C_FP_LDS + 8 * c, src + (size_t)m * p.fp_ld + 8 * c);
+        }
+    }
+}
+
+/* one k-step (32 columns) of a staged chunk: this warp's tiles Ta, Tb against the token groups, four
+ * groups' fragments at a time; per (tile, group) the products in a fixed order: both 16-column
+ * halves, each against h, m and l (FULL: all G4C_FP_TB tokens, no guard) */
+template <bool FULL>
+DEV void fp_kstep(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, int Tb, int s, int mt, int lane) {
+    const unsigned short *ws = reinterpret_cast<const unsigned short *>(buf);
+    const unsigned short *xs = reinterpret_cast<const unsigned short *>(buf + FP_WBYTES);
+    const int mi = lane >> 3, rr = lane & 7;
+    unsigned a[2][2][4]; /* [tile][half] */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            ldsm4(a[i][hf], ws + ((size_t)(i ? Tb : Ta) * 16 + (mi & 1) * 8 + rr) * G4C_FP_LDS + 32 * s + 16 * hf + (mi >> 1) * 8);
+    constexpr int QB = 4;
+#pragma unroll
+    for (int q0 = 0; q0 < G4C_FP_TB / 8; q0 += QB) {
+        if (!FULL && 8 * q0 >= mt) break;
+        unsigned b[QB][G4C_FP_TERMS][4];
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+                ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+#pragma unroll
+                for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        if (FULL || 8 * (q0 + qq) < mt)
+                            mma_bf16(c[i][q0 + qq], a[i][hf][0], a[i][hf][1], a[i][hf][2], a[i][hf][3], b[qq][term][2 * hf],
+                                     b[qq][term][2 * hf + 1]);
+    }
+}
+
+/* the epilogue of token group q of this warp's two tiles (lane (g, t): rows r0+g, r0+g+8 of tokens
+ * 8q+2t, 8q+2t+1); pairs: gelu(gate) · up */
+DEV void fp_store(const g4c_op *op, int step, bool pair, const int (&pi)[2], const int (&r0)[2], const bool (&ok)[2], int t0, int mt,
+                  int q, const float (&v)[2][4], int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!ok[i] || (pair && i)) continue;
+        const g4c_part *P = &op->part[pi[i]];
+        const int rows = P->w.rows;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = 8 * q + 2 * t + (e & 1), r = r0[i] + g + (e >> 1) * 8;
+            if (m >= mt || r >= rows) continue;
+            const size_t tm = (size_t)(t0 + m);
+            if (pair) P->y[(size_t)step * P->y_step + tm * P->ldy + r] = gelu_tanh(v[0][e]) * v[1][e];
+            else mm_store(op, P, step, tm, r, v[i][e]);
+        }
+    }
+}
+
+/* phase 2: the products (and, with one K segment, the epilogue); phase 3 (K split): after a grid
+ * barrier, every block adds segments' partials in segment order for its share of the outputs and
+ * runs their epilogue (NP 2: gate/up pairs) */
+template <int NP>
+DEVN void fp_gemm(const g4c_op *op, const g4c_params &p, int step, float *sm, unsigned long long bar, int &extra) {
+    constexpr bool pair = NP == 2;
+    constexpr int NG = G4C_FP_TB / 8, PER_BAND = pair ? G4C_WARPS : 2 * G4C_WARPS;
+    const mm_shape sh = mm_shape_of(op, p);
+    if (!sh.total) return;
+    const int K = op->part[0].w.cols, nks = K / 32, nch = (nks + G4C_FP_KS - 1) / G4C_FP_KS, KS = op->fp_ks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int rtiles = 0;
+    for (int i = 0; i < (pair ? 1 : sh.nparts); i++) rtiles += (op->part[i].w.rows + 15) / 16;
+    const int bands = (rtiles + PER_BAND - 1) / PER_BAND, tblocks = (p.M + G4C_FP_TB - 1) / G4C_FP_TB;
+    const int total = bands * KS * tblocks;
+    const int Ta = pair ? warp : 2 * warp, Tb = pair ? warp + 8 : 2 * warp + 1; /* this warp's tiles in the band */
+    char *bufs = reinterpret_cast<char *>(sm);
+    fp_tiles_t *tt = reinterpret_cast<fp_tiles_t *>(bufs + (size_t)G4C_FP_NBUF * FP_BUF);
+#pragma unroll 1
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        /* token blocks fastest: blocks running at once share a band's weights through L2 */
+        const int tb = it % tblocks, rest = it / tblocks, sg = rest % KS, band = rest / KS;
+        const int t0 = tb * G4C_FP_TB, mt = min(G4C_FP_TB, p.M - t0);
+        const int cb = sg * nch / KS, ce = (sg + 1) * nch / KS; /* this segment's chunks */
+        const int ks_beg = cb * G4C_FP_KS, ks_end = min(ce * G4C_FP_KS, nks), n = ce - cb;
+        int pi[2], r0[2];
+        bool ok[2];
+        pi[0] = fp_band_tile(op, sh.nparts, pair, rtiles, band, Ta, &r0[0], &ok[0]);
+        pi[1] = fp_band_tile(op, sh.nparts, pair, rtiles, band, Tb, &r0[1], &ok[1]);
+        float c[2][NG][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int q = 0; q < NG; q++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) c[i][q][e] = 0.0f;
+        __syncthreads(); /* the buffers and the tile table are free (the previous item's last reads) */
+        if (threadIdx.x < 16) {
+            int rr;
+            bool okk;
+            const g4c_mat &w = op->part[fp_band_tile(op, sh.nparts, pair, rtiles, band, threadIdx.x, &rr, &okk)].w;
+            tt->base[threadIdx.x] = (const char *)w.data + (size_t)rr * w.row_bytes;
+            tt->rb[threadIdx.x] = w.row_bytes;
+            tt->last[threadIdx.x] = w.rows - 1 - rr;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < G4C_FP_NBUF - 1; b++) {
+            if (b < n)
+                fp_stage(p, *tt, bufs + (size_t)b * FP_BUF, t0, mt, ks_beg + b * G4C_FP_KS, min(G4C_FP_KS, ks_end - ks_beg - b * G4C_FP_KS));
+            cp_commit();
+        }
+#pragma unroll 1
+        for (int k = 0; k < n; k++) {
+            const int kn = k + G4C_FP_NBUF - 1;
+            if (kn < n)
+                fp_stage(p, *tt, bufs + (size_t)(kn % G4C_FP_NBUF) * FP_BUF, t0, mt, ks_beg + kn * G4C_FP_KS,
+                         min(G4C_FP_KS, ks_end - ks_beg - kn * G4C_FP_KS));
+            cp_commit();
+            asm volatile("cp.async.wait_group %0;" ::"n"(G4C_FP_NBUF - 1) : "memory");
+            __syncthreads();
+            const char *buf = bufs + (size_t)(k % G4C_FP_NBUF) * FP_BUF;
+            const int nk = min(G4C_FP_KS, ks_end - ks_beg - k * G4C_FP_KS);
+            if (mt == G4C_FP_TB && nk == G4C_FP_KS) {
+#pragma unroll
+                for (int s = 0; s < G4C_FP_KS; s++) fp_kstep<true>(c, buf, Ta, Tb, s, mt, lane);
+            } else {
+#pragma unroll 1
+                for (int s = 0; s < nk; s++) fp_kstep<false>(c, buf, Ta, Tb, s, mt, lane);
+            }
+            __syncthreads(); /* every warp is done with the buffer before it is staged again */
+        }
+        if (KS == 1) {
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                const float v[2][4] = {{c[0][q][0], c[0][q][1], c[0][q][2], c[0][q][3]}, {c[1][q][0], c[1][q][1], c[1][q][2], c[1][q][3]}};
+                fp_store(op, step, pair, pi, r0, ok, t0, mt, q, v, g, t);
+            }
+        } else { /* this segment's fragments: [item][segment][warp][value][lane] */
+            float *mine = p.fp_part + ((size_t)(band * tblocks + tb) * KS + sg) * G4C_FP_SLOT + (size_t)warp * 64 * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int q = 0; q < NG; q++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) mine[(size_t)((i * NG + q) * 4 + e) * 32] = c[i][q][e];
+        }
+    }
+    if (KS == 1) return;
+    grid_sync(p.ctl, bar, NULL, NULL);
+    extra++;
+    /* phase 3: a unit is (band, token block, warp slot, token group): 8 values per lane */
+    const int units = bands * tblocks * G4C_WARPS * NG;
+#pragma unroll 1
+    for (int u = blockIdx.x * G4C_WARPS + warp; u < units; u += gridDim.x * G4C_WARPS) {
+        const int q = u % NG, w = u / NG % G4C_WARPS, bt = u / (NG * G4C_WARPS), band = bt / tblocks, tb = bt % tblocks;
+        const int t0 = tb * G4C_FP_TB, mt = min(G4C_FP_TB, p.M - t0);
+        if (8 * q >= mt) continue;
+        const int ta = pair ? w : 2 * w, tbb = pair ? w + 8 : 2 * w + 1;
+        int pi[2], r0[2];
+        bool ok[2];
+        pi[0] = fp_band_tile(op, sh.nparts, pair, rtiles, band, ta, &r0[0], &ok[0]);
+        pi[1] = fp_band_tile(op, sh.nparts, pair, rtiles, band, tbb, &r0[1], &ok[1]);
+        const float *src = p.fp_part + (size_t)bt * KS * G4C_FP_SLOT + (size_t)w * 64 * 32 + lane;
+        float v[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 1
+        for (int s0 = 0; s0 < KS; s0 += 8) {
+            float x[8][2][4];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        x[k][i][e] = s0 + k < KS ? lda(src + (size_t)(s0 + k) * G4C_FP_SLOT + (size_t)((i * NG + q) * 4 + e) * 32) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (s0 + k < KS) v[i][e] = s0 + k == 0 ? x[k][i][e] : v[i][e] + x[k][i][e];
+        }
+        fp_store(op, step, pair, pi, r0, ok, t0, mt, q, v, g, t);
+    }
+}
+
 /* a matmul stage: its parts share one weight type (the host splits stages where they differ) */
 template <unsigned TM>
-DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, unsigned long long bar, int &extra) {
     const tail_t tl = tail_of(sm, p);
+    if constexpr ((TM & G4C_KM_WIDE) != 0) {
+        if (p.fast && op->fp_ks > 0) { /* the prefill procedure: input terms, a grid barrier, the products */
+            fp_prep(op, p, step, sm, tl.red);
+            grid_sync(p.ctl, bar, NULL, NULL);
+            extra++;
+            if (op->epi == G4C_EPI_GELU_PAIR) fp_gemm<2>(op, p, step, sm, bar + gridDim.x, extra);
+            else fp_gemm<1>(op, p, step, sm, bar + gridDim.x, extra);
+            return;
+        }
+    } else {
+        (void)bar;
+        (void)extra;
+    }
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), type = op->part[0].w.type;
@@ -1490,13 +1798,235 @@ DEV void attn_items_wide(const g4c_op *op, const g4c_params &p, int pos0, float 
     }
 }
 
+/* The prefill kernels' attention (WIDE). First (when the stage norms and ropes itself, op->heads)
+ * every query head and every own K/V row of the launch is normed and roped once, a warp each
+ * (warp_norm_rope, as the decode kernels' items do it): queries into p.qn, K/V rows into staging
+ * where op_heads would store them; a grid barrier. Then one item per (KV head, tokens, key chunk),
+ * the tokens as many as fill the block's warps with (token, query head) pairs: the chunk's K/V
+ * rows are copied into shared memory once and each warp runs a pair from start to end without
+ * block barriers: the scores (a warp per key, lanes over float4s of the head, the butterfly), the
+ * softmax (lane j holds key j), the V sums (lane l owns elements l, l+32, ... in key order), the
+ * output or the chunk partial, and, as the last of the pair's chunks to finish, the combine in
+ * chunk order. Every value gets the operations the decode kernels' items give it (op_attn), in
+ * the same order, so a token's attention is bitwise the same in either kind of kernel. */
+DEV void attn_tokens_range(const g4c_op *op, int pos0, int M, int m0, int tq, int *c_lo, int *c_hi) {
+    int lo, cf, nch;
+    attn_range(op, pos0 + m0, &lo, &cf, &nch);
+    *c_lo = cf;
+    attn_range(op, pos0 + min(M, m0 + tq) - 1, &lo, &cf, &nch);
+    *c_hi = cf + nch - 1;
+}
+DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x, d4 = d / 4;
+    const bool pre = op->heads != 0;
+    if (pre) { /* the launch's queries and own K/V rows, normed and roped once */
+        const int per = nH + (op->qkv_own ? 2 * nkv : 0);
+        float *buf = sm + (size_t)warp * G4C_MAXD;
+#pragma unroll 1
+        for (int u = blockIdx.x * G4C_WARPS + warp; u < p.M * per; u += gridDim.x * G4C_WARPS) {
+            const int m = u / per, r = u - m * per, pq = pos0 + m;
+            if (r < nH) {
+                const size_t at = (size_t)m * nH * d + (size_t)r * d;
+                warp_norm_rope(op->q + at, p.qn + at, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+            } else {
+                const int g = (r - nH) >> 1;
+                float *kd, *vd;
+                kv_dest(op, p, m, pq, g, &kd, &vd);
+                const float *kr = op->kraw + (size_t)m * row + (size_t)g * d;
+                if (((r - nH) & 1) == 0)
+                    warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+                else
+                    warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)g * d, vd, NULL, d, 0, 0, NULL, NULL, 0,
+                                   p.eps, buf);
+            }
+        }
+        grid_sync(p.ctl, bar, NULL, NULL);
+        extra++;
+    }
+    const int stage_from = (p.direct || !op->kst) ? INT_MAX : pos0;
+    const float *qsrc0 = pre ? p.qn : op->q;
+    const int tq = max(1, G4C_WARPS / group), ntg = (p.M + tq - 1) / tq;
+    int per_g = 0; /* items per KV head: each token group's chunks */
+    for (int tg = 0; tg < ntg; tg++) {
+        int a, b;
+        attn_tokens_range(op, pos0, p.M, tg * tq, tq, &a, &b);
+        per_g += b - a + 1;
+    }
+    const int total = nkv * per_g;
+    float *ks = sm, *vsm = ks + (size_t)G4C_KCHUNK * d, *qw = vsm + (size_t)G4C_KCHUNK * d + (size_t)warp * d;
+#pragma unroll 1
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        const int g = it / per_g;
+        int rest = it - g * per_g, tg = 0, c = 0;
+        for (;; tg++) {
+            int a, b;
+            attn_tokens_range(op, pos0, p.M, tg * tq, tq, &a, &b);
+            if (rest <= b - a) {
+                c = a + rest;
+                break;
+            }
+            rest -= b - a + 1;
+        }
+        const int m0 = tg * tq, m1 = min(p.M, m0 + tq);
+        int lo0, cf0, nch0;
+        attn_range(op, pos0 + m0, &lo0, &cf0, &nch0);
+        const int K0 = max(lo0, c * G4C_KCHUNK), K1 = min(pos0 + m1 - 1, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = K1 - K0 + 1;
+        { /* the chunk's rows K0..K1 (cache, or this launch's staging), all copies in flight at once */
+            const int rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+            const size_t off = (size_t)g * d + 4 * c4;
+#pragma unroll 1
+            for (int j = j0 < rpp ? j0 : n; j < n; j += rpp) {
+                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, K0 + j, row) + off);
+                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, K0 + j, row) + off);
+            }
+            cp_wait();
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int pr = warp; pr < (m1 - m0) * group; pr += G4C_WARPS) {
+            const int m = m0 + pr / group, hh = pr % group, pq = pos0 + m;
+            int lo, cf, nch;
+            attn_range(op, pq, &lo, &cf, &nch);
+            const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1);
+            if (k0 > k1) continue; /* this token does not see the chunk */
+            const int nk = k1 - k0 + 1, jb = k0 - K0, ci = c - cf;
+            const float *qsrc = qsrc0 + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+            for (int c4 = lane; c4 < d4; c4 += 32) reinterpret_cast<float4 *>(qw)[c4] = lda4(qsrc + 4 * c4);
+            __syncwarp();
+            float sj = -INFINITY; /* lane j: key k0 + j's score; AK keys at a time (independent chains) */
+            constexpr int AK = 8;
+#pragma unroll 1
+            for (int j0 = 0; j0 < nk; j0 += AK) {
+                float a[AK];
+#pragma unroll
+                for (int u = 0; u < AK; u++) a[u] = 0.0f;
+#pragma unroll 1
+                for (int c4 = lane; c4 < d4; c4 += 32) {
+                    const float4 q = *reinterpret_cast<const float4 *>(qw + 4 * c4);
+#pragma unroll
+                    for (int u = 0; u < AK; u++) {
+                        if (j0 + u >= nk) continue;
+                        const float4 kv = *reinterpret_cast<const float4 *>(ks + (size_t)(jb + j0 + u) * d + 4 * c4);
+                        a[u] = fmaf(q.x, kv.x, a[u]);
+                        a[u] = fmaf(q.y, kv.y, a[u]);
+                        a[u] = fmaf(q.z, kv.z, a[u]);
+                        a[u] = fmaf(q.w, kv.w, a[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < AK; u++) {
+                    const float v = warp_sum_f(a[u]);
+                    if (lane == j0 + u) sj = v;
+                }
+            }
+            float mx = lane < nk ? fmaxf(-INFINITY, sj) : -INFINITY;
+            mx = warp_max_f(mx);
+            const float e = lane < nk ? expf(sj - mx) : 0.0f;
+            float s = lane < nk ? 0.0f + e : 0.0f;
+            s = warp_sum_f(s);
+            float *att = op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+            float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
+            /* V sums: lane l's elements l + 32i, each a chain in key order */
+            constexpr int NE = G4C_MAXD / 32;
+            float o[NE];
+#pragma unroll
+            for (int i = 0; i < NE; i++) o[i] = 0.0f;
+#pragma unroll 1
+            for (int j = 0; j < nk; j++) {
+                const float w = __shfl_sync(0xffffffffu, e, j);
+                const float *vr = vsm + (size_t)(jb + j) * d;
+#pragma unroll
+                for (int i = 0; i < NE; i++)
+                    if (lane + 32 * i < d) o[i] = fmaf(w, vr[lane + 32 * i], o[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < NE; i++) {
+                const int el = lane + 32 * i;
+                if (el >= d) continue;
+                if (nch == 1) att[el] = o[i] / s;
+                else part[2 + el] = o[i];
+            }
+            if (nch > 1) { /* the last of the pair's chunks to finish combines them in chunk order */
+                if (lane == 0) {
+                    part[0] = mx;
+                    part[1] = s;
+                }
+                __threadfence();
+                __syncwarp();
+                int last = 0;
+                int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
+                if (lane == 0) last = atomicAdd(cnt, 1) == nch - 1;
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last) {
+                    __threadfence();
+                    const size_t stride = (size_t)group * (d + 2);
+                    const float *base = part - (size_t)ci * stride;
+                    float cmx = -INFINITY; /* the max over the chunks (exact in any order) */
+#pragma unroll 1
+                    for (int q0 = 0; q0 < nch; q0 += 32)
+                        if (q0 + lane < nch) cmx = fmaxf(cmx, lda(base + (size_t)(q0 + lane) * stride));
+                    cmx = warp_max_f(cmx);
+                    float ss = 0.0f; /* then the sums in chunk order, 8 chunks' loads at a time */
+#pragma unroll
+                    for (int i = 0; i < NE; i++) o[i] = 0.0f;
+#pragma unroll 1
+                    for (int q0 = 0; q0 < nch; q0 += 8) {
+                        float w[8], cs[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++) {
+                            const bool ok = q0 + u < nch;
+                            w[u] = ok ? lda(base + (size_t)(q0 + u) * stride) : 0.0f;
+                            cs[u] = ok ? lda(base + (size_t)(q0 + u) * stride + 1) : 0.0f;
+                        }
+#pragma unroll
+                        for (int i0 = 0; i0 < NE; i0 += 8) {
+                            if (32 * i0 >= d) break;
+                            float ca[8][8];
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+#pragma unroll
+                                for (int i = 0; i < 8; i++)
+                                    ca[u][i] = q0 + u < nch && lane + 32 * (i0 + i) < d
+                                                   ? lda(base + (size_t)(q0 + u) * stride + 2 + lane + 32 * (i0 + i))
+                                                   : 0.0f;
+                            if (i0 == 0)
+#pragma unroll
+                                for (int u = 0; u < 8; u++) {
+                                    if (q0 + u >= nch) continue;
+                                    w[u] = expf(w[u] - cmx);
+                                    ss = ss + cs[u] * w[u];
+                                }
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+#pragma unroll
+                                for (int i = 0; i < 8; i++)
+                                    if (q0 + u < nch) o[i0 + i] = o[i0 + i] + ca[u][i] * w[u];
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < NE; i++)
+                        if (lane + 32 * i < d) att[lane + 32 * i] = o[i] / ss;
+                    if (lane == 0) *cnt = 0; /* ready for the next layer */
+                }
+            }
+            __syncwarp(); /* qw is the next pair's */
+        }
+        __syncthreads(); /* the staged rows are the next item's */
+    }
+}
+
 template <bool WIDE>
-DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
     if constexpr (WIDE) {
         if (!op->drafter && op->n_heads > op->n_kv) {
-            attn_items_wide(op, p, pos0, sm);
+            if (p.attn_old) attn_items_wide(op, p, pos0, sm);
+            else attn_items_tokens(op, p, pos0, sm, bar, extra);
             return;
         }
+    } else {
+        (void)bar;
+        (void)extra;
     }
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int Mq = op->drafter ? 1 : p.M;
@@ -1943,6 +2473,7 @@ static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 4 * 4 * G4
 static_assert((256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16) % 8 == 0 && 2 * 8 * G4C_WARPS * G4C_MT <= 4 * 4 * G4C_WARPS * G4C_MT,
               "load_rows' double sums do not fit the team-partials scratch");
 static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
+static_assert(sizeof(fp_tiles_t) <= 512, "the prefill procedure's tile table exceeds the room session.cu keeps for it");
 
 template <unsigned TM>
 __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
@@ -1960,7 +2491,9 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
             reinterpret_cast<int *>(tl.ops)[i] = __ldg(reinterpret_cast<const int *>(p.ops) + i);
         __syncthreads();
     }
-    int k = 0; /* stages run so far in this launch */
+    int k = 0;     /* stages run so far in this launch */
+    int extra = 0; /* grid barriers within stages so far (the wide kernels' prefill procedure) */
+    constexpr bool wide = (TM & G4C_KM_WIDE) != 0;
     for (int step = 0; step < p.n_steps; step++) {
         for (int s = 0; s < p.n_ops; s++, k++) {
             const g4c_op *op = local ? tl.ops + (k & 1) : p.ops + s;
@@ -1977,9 +2510,13 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
                 if (p.skip & op->cls) continue;
                 switch (op->kind) {
                 case G4C_OP_EMBED: op_embed(op, p); break;
-                case G4C_OP_MATMUL: op_matmul<TM>(op, p, step, sm); break;
+                case G4C_OP_MATMUL:
+                    op_matmul<TM>(op, p, step, sm, wide ? bar0 + (unsigned long long)(k + 1 + extra) * gridDim.x : 0ull, extra);
+                    break;
                 case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
-                case G4C_OP_ATTN: op_attn<(TM & G4C_KM_WIDE) != 0>(op, p, pos0, sm); break;
+                case G4C_OP_ATTN:
+                    op_attn<wide>(op, p, pos0, sm, wide ? bar0 + (unsigned long long)(k + 1 + extra) * gridDim.x : 0ull, extra);
+                    break;
                 case G4C_OP_PLE: op_ple(op, p); break;
                 case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
                 case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
@@ -2001,7 +2538,8 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
             }
             const bool more = s + 1 < p.n_ops || step + 1 < p.n_steps;
             if (more)
-                grid_sync(p.ctl, bar0 + (unsigned long long)(k + 1) * gridDim.x, local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL,
+                grid_sync(p.ctl, bar0 + (unsigned long long)(k + 1 + (wide ? extra : 0)) * gridDim.x,
+                          local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL,
                           tl.ops + ((k + 1) & 1));
         }
     }
@@ -2050,7 +2588,7 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
 
 cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream) {
     void *args[] = {(void *)p};
-    const unsigned need = p->kmask | (p->M >= G4C_WIDE_M ? (unsigned)G4C_KM_WIDE : 0u);
+    const unsigned need = p->kmask | (p->M >= G4C_WIDE_M || p->fast ? (unsigned)G4C_KM_WIDE : 0u);
     for (const auto &k : g4c_kernels)
         if ((need & ~k.mask) == 0)
             return cudaLaunchCooperativeKernel(k.fn, dim3(grid), dim3(G4C_THREADS), args, smem_bytes, stream);

@@ -39,6 +39,18 @@ enum {
     G4C_MMA_MAXITEMS = 4096, /* tensor-core stages split K until this many (row tile, segment) items */
     G4C_MMA_SCRATCH = 2 * G4C_WARPS * 32, /* shared floats after a tensor-core stage's input tile: argmax
                                              (value, index) per warp and token */
+    /* the prefill procedure (forward.cu fp_gemm): a block item is a band of 16-row tiles (two
+     * per warp; gate/up pairs: one of each), a block of G4C_FP_TB tokens and one of fp_ks K
+     * segments; weights and activations are staged G4C_FP_KS k-steps (32 columns each) at a time,
+     * G4C_FP_NBUF chunks in flight */
+    G4C_FP_TB = 64,        /* tokens per token block */
+    G4C_FP_KS = 2,         /* k-steps per staged chunk */
+    G4C_FP_NBUF = 3,
+    G4C_FP_TERMS = 3,      /* bf16 terms per activation (x = h + m + l) */
+    G4C_FP_TARGET = 128,   /* items per token block the K split aims at */
+    G4C_FP_MAXBANDS = 4096,
+    G4C_FP_LDS = 32 * G4C_FP_KS + 8, /* staged row stride (bf16): 16 bytes of padding keep ldmatrix conflict-free */
+    G4C_FP_SLOT = G4C_WARPS * 64 * 32, /* floats of one item's segment partials */
 };
 
 /* weight element types on the device. Dense rows are the checkpoint's; quantised rows are
@@ -215,6 +227,9 @@ typedef struct g4c_op {
     const float *y;
     g4c_mat emb_d;
     float *logits;        /* + step * V */
+    int fp_ks;            /* matmul: > 0 when the prefill procedure takes the stage (bf16 row-major
+                             weights, K a multiple of 32, no argmax): its K segments per band
+                             (session.cu fp_segments, shape only) */
 } g4c_op;
 
 /* device-side control block: what the host sets before a launch and the kernel's results */
@@ -262,5 +277,13 @@ typedef struct g4c_params {
                              while the previous barrier completes */
     unsigned long long *trace; /* not NULL: per stage and block, [start ns, end ns, input-tile
                                   cycles, work cycles] (benchmark instrumentation) */
+    /* the prefill procedure (launches of a prompt's tokens, forward.cu fp_gemm) */
+    int fast;             /* 1: stages with fp_ks > 0 run it (a wide kernel for any M) */
+    int fp_ld, fp_tokens; /* fp_x row length (elements) and rows per term */
+    unsigned short *fp_x; /* [G4C_FP_TERMS][fp_tokens][fp_ld] the stage's input rows as bf16 terms */
+    float *fp_part;       /* K segments' partials [item][segment][G4C_FP_SLOT] */
+    int *fp_cnt;          /* [band · token blocks] segments finished (back to 0 once added) */
+    int attn_old;         /* A/B: the wide kernels' attention items per (token, KV head, chunk) */
+    float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */
 } g4c_params;
 #endif

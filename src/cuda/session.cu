@@ -102,8 +102,12 @@ struct g4_cuda {
     /* activations [max_batch][...] */
     float *x0, *xa, *xb, *q, *kraw, *vraw, *att, *t, *hb, *f, *ple, *pg, *logits, *hfinal, *part_buf, *dbg;
     float *router, *top_w, *x2, *exh, *exo;
-    int *top_e, *att_cnt, *mma_cnt;
-    float *mma_part;
+    int *top_e, *att_cnt, *mma_cnt, *fp_cnt;
+    float *mma_part, *fp_part, *qn;
+    unsigned short *fp_x;
+    int fp_ld;                           /* widest matmul input (the prefill procedure's activation rows) */
+    int attn_old;                        /* G4_CUDA_ATTN_OLD (A/B of the wide kernels' attention) */
+    int trace_fast;                      /* g4_cuda_trace runs the prefill procedure */
     std::vector<dev_kv> kv;
     std::vector<float *> rope_cs;        /* per layer: [n_ctx][pairs][2] cos, sin, shared by equal kinds */
     std::vector<int> rope_src;           /* per layer: the first layer with the same RoPE kind */
@@ -385,6 +389,7 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     c->hfinal = TAKE(b, float, (size_t)B * H);
     c->q = TAKE(b, float, (size_t)B * nH * maxd);
     c->att = TAKE(b, float, (size_t)B * nH * maxd);
+    c->qn = TAKE(b, float, (size_t)B * nH * maxd);
     c->kraw = TAKE(b, float, (size_t)B * maxkv);
     c->vraw = TAKE(b, float, (size_t)B * maxkv);
     c->hb = TAKE(b, float, (size_t)B * maxI);
@@ -393,6 +398,17 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     c->att_cnt = TAKE(b, int, (size_t)B * nH);
     c->mma_part = c->mma_bf16 ? TAKE(b, float, (size_t)G4C_MMA_MAXITEMS * 2 * 16 * B) : NULL;
     c->mma_cnt = c->mma_bf16 ? TAKE(b, int, (size_t)G4C_MMA_MAXITEMS * B) : NULL;
+    { /* the prefill procedure: input terms of every matmul width, segment partials (K split only
+         where bands · segments <= G4C_FP_TARGET), counters per band and token block */
+        int K = H > nH * maxd ? H : nH * maxd;
+        K = maxI > K ? maxI : K;
+        K = P > K ? P : K;
+        c->fp_ld = (K + 7) & ~7;
+        const int tbs = (B + G4C_FP_TB - 1) / G4C_FP_TB;
+        c->fp_x = TAKE(b, unsigned short, (size_t)G4C_FP_TERMS * B * c->fp_ld);
+        c->fp_part = TAKE(b, float, (size_t)G4C_FP_TARGET * tbs * G4C_FP_SLOT);
+        c->fp_cnt = TAKE(b, int, (size_t)G4C_FP_MAXBANDS * tbs);
+    }
     c->ple = P ? TAKE(b, float, (size_t)B * L * P) : NULL;
     c->pg = P ? TAKE(b, float, (size_t)B * P) : NULL;
     if (cf->moe) {
@@ -755,6 +771,32 @@ static int mma_segments(const g4c_op &o) {
     return ks;
 }
 
+/* K segments per band of a stage the prefill procedure takes (forward.cu fp_gemm), 0 for the
+ * others: bf16 row-major matrices of one width K (a multiple of 32), no argmax, no logits row
+ * range, no drafter input. Bands are 16 tiles of 16 rows (gate/up pairs: 8 of each); the segments
+ * (whole chunks of G4C_FP_KS k-steps) bring a token block's items to about G4C_FP_TARGET. A
+ * function of the stage's shape only. */
+static int fp_segments(const g4c_op &o) {
+    if (o.kind != G4C_OP_MATMUL || o.lm || o.in.kind == G4C_IN_CONCAT || o.nparts < 1) return 0;
+    const int K = o.part[0].w.cols;
+    if (K % 32) return 0;
+    for (int i = 0; i < o.nparts; i++) {
+        const g4c_mat &w = o.part[i].w;
+        if (!w.data || w.type != G4C_BF16 || (w.flags & G4C_QF_TILED) || w.cols != K || o.part[i].argmax || w.row_bytes % 16)
+            return 0;
+    }
+    const int pair = o.epi == G4C_EPI_GELU_PAIR;
+    if (pair && (o.nparts != 2 || o.part[1].w.rows != o.part[0].w.rows)) return 0;
+    long long rt = 0;
+    for (int i = 0; i < (pair ? 1 : o.nparts); i++) rt += (o.part[i].w.rows + 15) / 16;
+    const long long bands = (rt + (pair ? G4C_WARPS : 2 * G4C_WARPS) - 1) / (pair ? G4C_WARPS : 2 * G4C_WARPS);
+    if (bands > G4C_FP_MAXBANDS) return 0;
+    const int nch = (K / 32 + G4C_FP_KS - 1) / G4C_FP_KS;
+    int ks = (int)(G4C_FP_TARGET / bands);
+    if (ks > nch) ks = nch;
+    return ks < 1 ? 1 : ks;
+}
+
 /* splits and the next-matmul links (the L2 prefetch lookahead) of a stage list */
 static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
     /* the kernels run one weight type per matmul stage: split stages whose parts differ (mixed
@@ -776,6 +818,7 @@ static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
         g4c_op &o = ops[(size_t)i];
         o.split = o.kind == G4C_OP_MATMUL ? split_of(o, c->split_chunks) : 1;
         o.mma_ks = mma_segments(o);
+        o.fp_ks = fp_segments(o);
         o.pf_next = next;
         if (o.kind == G4C_OP_MATMUL) next = i;
     }
@@ -895,6 +938,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * gain. Another reduction procedure: compare logits only within one setting. */
         const char *e = getenv("G4_CUDA_MMA");
         c->mma_bf16 = e && ((atoi(e) >> G4C_BF16) & 1);
+        e = getenv("G4_CUDA_ATTN_OLD");
+        c->attn_old = e && atoi(e) > 0;
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
@@ -914,13 +959,18 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         if (cf->moe && cf->top_k_experts * G4C_TILE_LD(cf->moe_width) > need) need = cf->top_k_experts * G4C_TILE_LD(cf->moe_width);
         for (int i = 0; i < cf->n_layers; i++) { /* attention: a query head, its scores, a key chunk's K and V rows */
             const int d = cf->layers[i].head_dim, a = d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d;
+            const int aw = (2 * G4C_KCHUNK + G4C_WARPS) * d; /* the wide kernels': a chunk's rows and a query per warp */
             need = a > need ? a : need;
+            need = aw > need ? aw : need;
         }
         if (cf->hidden > G4C_THREADS * G4C_IN_NPT) {
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: hidden size %d exceeds %d", cf->hidden, G4C_THREADS * G4C_IN_NPT);
             goto fail;
         }
         need += G4C_MMA_SCRATCH; /* tensor-core stages keep argmax scratch after the tile */
+        /* the prefill procedure's staging buffers: 16 tiles' weights and the activation terms per chunk */
+        const int fp = (G4C_FP_NBUF * (16 * 16 * G4C_FP_LDS * 2 + G4C_FP_TERMS * G4C_FP_TB * G4C_FP_LDS * 2) + 512) / 4; /* + the tile table */
+        need = fp > need ? fp : need;
         c->smem_need = need;
         if (need > c->smem_in) {
             st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: an input row of %d floats exceeds shared memory (%d)", need,
@@ -1020,6 +1070,13 @@ static g4c_params base_params(const g4_cuda *c) {
     p.mma_part = c->mma_part;
     p.mma_cnt = c->mma_cnt;
     p.mma_tokens = c->max_batch;
+    p.fp_ld = c->fp_ld;
+    p.fp_tokens = c->max_batch;
+    p.fp_x = c->fp_x;
+    p.fp_part = c->fp_part;
+    p.fp_cnt = c->fp_cnt;
+    p.attn_old = c->attn_old;
+    p.qn = c->qn;
     return p;
 }
 
@@ -1034,7 +1091,7 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
 
 /* the forward's launch, queued on the session's stream */
 static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, int direct,
-                                g4_error *err) {
+                                g4_error *err, int fast = 0) {
     if (M < 1 || M > c->max_batch || lm_from < 0 || lm_from >= M || (direct && M != 1) || pos < 0 || pos + M > c->n_ctx)
         return g4_fail(err, G4_ERR_ARG, "CUDA forward: bad block (pos %d, M %d, lm_from %d)", pos, M, lm_from);
     g4_status st = set_tokens(c, pos, tokens, M, err);
@@ -1044,13 +1101,14 @@ static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int 
     p.lm_from = lm_from;
     p.want_logits = want_logits;
     p.direct = direct;
+    p.fast = fast;
     CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the forward");
     return G4_OK;
 }
 
-extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
-                                     float *logits, int direct, g4_error *err) {
-    g4_status st = launch_forward(c, pos, tokens, M, lm_from, want_logits, direct, err);
+static g4_status forward_copy(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, float *logits,
+                              int direct, int fast, g4_error *err) {
+    g4_status st = launch_forward(c, pos, tokens, M, lm_from, want_logits, direct, err, fast);
     if (st) return st;
     const size_t V = (size_t)c->m->cfg.vocab;
     if (logits && want_logits)
@@ -1059,6 +1117,16 @@ extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens,
            "copying logits");
     CK(cudaStreamSynchronize(c->stream), "running the forward");
     return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                                     float *logits, int direct, g4_error *err) {
+    return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, direct, 0, err);
+}
+
+extern "C" g4_status g4_cuda_prefill(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                                     float *logits, g4_error *err) {
+    return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, 0, 1, err);
 }
 
 extern "C" g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err) {
@@ -1444,6 +1512,7 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
+extern "C" void g4_cuda_set_trace_prefill(g4_cuda *c, int on) { c->trace_fast = on != 0; }
 extern "C" void g4_cuda_set_rep(g4_cuda *c, int rep) { c->rep = rep < 0 ? 0 : rep; }
 
 extern "C" void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local) {
@@ -1471,6 +1540,7 @@ extern "C" g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, i
     p.M = M;
     p.want_logits = 1;
     p.trace = d;
+    p.fast = c->trace_fast;
     cudaError_t e = cudaSuccess;
     for (int r = 0; r < 2 && !st && !e; r++) e = g4c_launch(&p, c->grid, c->smem, c->stream); /* warm, then traced */
     if (!st && !e) e = cudaMemcpyAsync(stamps, d, n * sizeof *d, cudaMemcpyDeviceToHost, c->stream);

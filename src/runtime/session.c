@@ -81,6 +81,7 @@ g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_sess
     g4_session *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
     s->m = m;
+    s->exact_prefill = o.exact_prefill != 0;
     g4_status st = g4_threadpool_create(o.device == G4_DEVICE_CUDA ? 1 : o.n_threads, &s->pool, err);
 #ifdef G4_HAVE_CUDA
     if (!st && o.device == G4_DEVICE_CUDA) {
@@ -151,16 +152,21 @@ static g4_status cuda_dump(g4_session *s, int M, int lm_from, g4_error *err) {
     return rc;
 }
 
+/* A forward of n tokens on the GPU, max_batch at a time: a prompt (n > 1) runs the prefill procedure
+ * in every chunk, however short (unless exact_prefill), so its logits do not depend on the chunk
+ * size; a single token runs the decode procedure, straight into the cache. */
 static g4_status cuda_forward(g4_session *s, const int32_t *tokens, int n, g4_logits_mode mode, float *logits,
                               g4_error *err) {
     g4_state *st = &s->st;
     size_t V = (size_t)s->m->cfg.vocab;
+    const int prefill = n > 1 && !s->exact_prefill;
     for (int done = 0; done < n;) {
         int M = n - done < st->max_batch ? n - done : st->max_batch;
         int last = done + M == n, want = mode == G4_LOGITS_ALL || (mode == G4_LOGITS_LAST && last);
-        int lm_from = mode == G4_LOGITS_ALL ? 0 : M - 1, direct = M == 1;
+        int lm_from = mode == G4_LOGITS_ALL ? 0 : M - 1, direct = M == 1 && !prefill;
         float *lg = mode == G4_LOGITS_ALL ? logits + (size_t)done * V : want ? logits : NULL;
-        g4_status rc = g4_cuda_forward(s->cuda, st->pos, tokens + done, M, lm_from, want, lg, direct, err);
+        g4_status rc = prefill ? g4_cuda_prefill(s->cuda, st->pos, tokens + done, M, lm_from, want, lg, err)
+                               : g4_cuda_forward(s->cuda, st->pos, tokens + done, M, lm_from, want, lg, direct, err);
         if (!rc && st->dump) rc = cuda_dump(s, M, lm_from, err);
         if (!rc && !direct) rc = g4_cuda_commit(s->cuda, st->pos, M, err);
         if (rc) return rc;

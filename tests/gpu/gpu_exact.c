@@ -2,7 +2,10 @@
  *
  * For each fixture folder given on the command line:
  *   batch invariance  teacher-forced logits of N tokens, computed in blocks of 1, 3, 7 and 64
- *                     tokens on the GPU, must be bitwise identical (and within tolerance of the CPU)
+ *                     tokens on the GPU with the prefill procedure (tensor cores), must be bitwise
+ *                     identical; with exact_prefill (the decode procedure) in blocks of 64 they must
+ *                     be bitwise those of feeding the tokens one at a time; both within tolerance
+ *                     of the CPU and of each other
  *   lossless drafting greedy generation of G tokens with the drafter (k = 1..6) must equal plain
  *                     greedy generation on the GPU, tokens and logits bitwise (fixtures with an
  *                     assistant/ folder); G spans many sliding-window wraps
@@ -31,20 +34,23 @@ static void report(int ok, const char *fixture, const char *what, const char *de
     fflush(stdout);
 }
 
-static g4_session *open_session(g4_model *m, int device, int n_ctx, int max_batch) {
+static g4_session *open_session_x(g4_model *m, int device, int n_ctx, int max_batch, int exact) {
     g4_error err = {0};
     g4_session *s = NULL;
-    g4_session_options so = {.n_ctx = n_ctx, .max_batch = max_batch, .device = device};
+    g4_session_options so = {.n_ctx = n_ctx, .max_batch = max_batch, .device = device, .exact_prefill = exact};
     if (g4_session_create(m, &so, &s, &err)) {
         fprintf(stderr, "session (%s, batch %d): %s\n", device ? "cuda" : "cpu", max_batch, err.message);
         return NULL;
     }
     return s;
 }
+static g4_session *open_session(g4_model *m, int device, int n_ctx, int max_batch) {
+    return open_session_x(m, device, n_ctx, max_batch, 0);
+}
 
-/* logits of tokens[0..n) teacher-forced, in blocks of max_batch */
-static float *forced_logits(g4_model *m, int device, int max_batch, const int32_t *tokens, int n, int V) {
-    g4_session *s = open_session(m, device, n + 8, max_batch);
+/* logits of tokens[0..n) teacher-forced, in blocks of max_batch (exact: exact_prefill) */
+static float *forced_logits(g4_model *m, int device, int max_batch, const int32_t *tokens, int n, int V, int exact) {
+    g4_session *s = open_session_x(m, device, n + 8, max_batch, exact);
     if (!s) return NULL;
     float *lg = malloc(sizeof(float) * (size_t)n * V);
     for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN; /* poison: an unwritten row fails */
@@ -133,34 +139,50 @@ static void check_fixture(const char *arg, int n_gen) {
         tokens[i] = 3 + (int32_t)((r >> 8) % (uint32_t)(V - 3));
     }
     /* batch invariance */
-    float *l64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V);
-    float *l1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V);
-    float *l3 = forced_logits(m, G4_DEVICE_CUDA, 3, tokens, N, V);
-    float *l7 = forced_logits(m, G4_DEVICE_CUDA, 7, tokens, N, V);
-    float *lc = forced_logits(mc, G4_DEVICE_CPU, 64, tokens, N, V);
-    float *lq = mref ? forced_logits(m, G4_DEVICE_CPU, 64, tokens, N, V) : NULL;
-    if (!l64 || !l1 || !l3 || !l7 || !lc) {
+    float *l64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 0);
+    float *l1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 0);
+    float *l3 = forced_logits(m, G4_DEVICE_CUDA, 3, tokens, N, V, 0);
+    float *l7 = forced_logits(m, G4_DEVICE_CUDA, 7, tokens, N, V, 0);
+    float *x64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 1);
+    float *x1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 1);
+    float *lc = forced_logits(mc, G4_DEVICE_CPU, 64, tokens, N, V, 0);
+    float *lq = mref ? forced_logits(m, G4_DEVICE_CPU, 64, tokens, N, V, 0) : NULL;
+    if (!l64 || !l1 || !l3 || !l7 || !x64 || !x1 || !lc) {
         report(0, name, "forced logits", "a forward failed");
     } else {
         size_t nb = sizeof(float) * (size_t)N * V;
         int same = !memcmp(l1, l64, nb) && !memcmp(l3, l64, nb) && !memcmp(l7, l64, nb);
         size_t diff = 0;
-        for (size_t i = 0; i < (size_t)N * V; i++) diff += memcmp(&l1[i], &l64[i], 4) != 0 || memcmp(&l7[i], &l64[i], 4) != 0;
-        snprintf(detail, sizeof detail, "M = 1, 3, 7, 64 over %d positions: %s (%zu values differ)", N,
+        for (size_t i = 0; i < (size_t)N * V; i++)
+            diff += memcmp(&l1[i], &l64[i], 4) != 0 || memcmp(&l3[i], &l64[i], 4) != 0 || memcmp(&l7[i], &l64[i], 4) != 0;
+        snprintf(detail, sizeof detail, "prefill procedure, M = 1, 3, 7, 64 over %d positions: %s (%zu values differ)", N,
                  same ? "bitwise identical" : "DIFFER", diff);
-        report(same, name, "batch invariance (GPU)", detail);
-        double e = 0;
-        int nan = 0;
-        for (size_t i = 0; i < (size_t)N * V; i++) {
-            double d = fabs((double)l64[i] - lc[i]);
-            if (isnan(d)) nan = 1;
-            else if (d > e) e = d;
-        }
+        report(same, name, "batch invariance (GPU prefill)", detail);
+        same = !memcmp(x1, x64, nb);
+        diff = 0;
+        for (size_t i = 0; i < (size_t)N * V; i++) diff += memcmp(&x1[i], &x64[i], 4) != 0;
+        snprintf(detail, sizeof detail, "exact prefill M = 64 vs one token at a time, %d positions: %s (%zu values differ)", N,
+                 same ? "bitwise identical" : "DIFFER", diff);
+        report(same, name, "batch invariance (GPU exact)", detail);
         double ss = 0;
         for (size_t i = 0; i < (size_t)N * V; i++) ss += (double)lc[i] * lc[i];
-        snprintf(detail, sizeof detail, "max |GPU - CPU| %.2e over %d positions (logit rms %.2f, tol %.1e)%s", e, N,
-                 sqrt(ss / ((double)N * V)), tol, nan ? " (NaN!)" : "");
-        report(!nan && e <= tol, name, mref ? "GPU vs CPU (dequantised f32) logits" : "GPU vs CPU logits", detail);
+        const float *const sides[2] = {l64, x64};
+        for (int k = 0; k < 2; k++) {
+            double e = 0;
+            int nan = 0;
+            for (size_t i = 0; i < (size_t)N * V; i++) {
+                double d = fabs((double)sides[k][i] - lc[i]);
+                if (isnan(d)) nan = 1;
+                else if (d > e) e = d;
+            }
+            snprintf(detail, sizeof detail, "%s: max |GPU - CPU| %.2e over %d positions (logit rms %.2f, tol %.1e)%s",
+                     k ? "exact prefill" : "prefill", e, N, sqrt(ss / ((double)N * V)), tol, nan ? " (NaN!)" : "");
+            report(!nan && e <= tol, name, mref ? "GPU vs CPU (dequantised f32) logits" : "GPU vs CPU logits", detail);
+        }
+        double e = 0;
+        for (size_t i = 0; i < (size_t)N * V; i++) e = fmax(e, fabs((double)l64[i] - x64[i]));
+        snprintf(detail, sizeof detail, "max |prefill - exact prefill| %.2e over %d positions (tol %.1e)", e, N, tol);
+        report(e <= tol, name, "GPU prefill vs decode procedure", detail);
         if (lq) { /* the CPU's own quantised path (int8 activations) against the float one, and the GPU */
             double eq = 0, eg = 0;
             for (size_t i = 0; i < (size_t)N * V; i++) {
@@ -173,6 +195,8 @@ static void check_fixture(const char *arg, int n_gen) {
         }
     }
     free(lq);
+    free(x64);
+    free(x1);
     free(l64);
     free(l1);
     free(l3);
