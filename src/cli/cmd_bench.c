@@ -44,7 +44,7 @@ static void bench_usage(FILE *f) {
             "  --exact-prefill      GPU: prefill with the decode procedure instead of the tensor cores\n"
             "  --no-verify          skip the verify-block table\n"
             "  --profile            after each decode row, where a token's time went (CPU)\n"
-            "  --batch N            most tokens per forward step: the prefill chunk (default 64)\n"
+            "  --batch N            most tokens per forward step: the prefill chunk (default 64; GPU 256)\n"
             "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
             "                       (llama.cpp's pp512 is --prefill 512)\n"
             "  --json               also print each result as one JSON object per line (lines start with '{')\n"
@@ -174,7 +174,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
     int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
-    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 64, exact_prefill = 0;
+    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 0, exact_prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -353,15 +353,14 @@ int cmd_bench(int argc, char **argv) {
             int reps = 4;
             /* time the blocks alone */
             double tb = 0;
-            for (int rep = 0; rep < reps; rep++) {
+            for (int rep = 0; rep < reps; rep++) { /* a block as speculative decoding runs it: staged, then dropped */
                 double b = now();
-                if (g4_session_forward(s, toks + 1, k + 1, G4_LOGITS_ALL, lg, &err)) {
+                if (g4_session_step(s, toks + 1, k + 1, lg, 1, &err)) {
                     free(lg);
                     goto fail;
                 }
                 tb += now() - b;
-                g4_session_reset(s);
-                if (g4_session_forward(s, toks, vctx, G4_LOGITS_NONE, NULL, &err)) {
+                if (g4_session_commit(s, 0, &err)) {
                     free(lg);
                     goto fail;
                 }

@@ -1639,165 +1639,6 @@ DEV void attn_combine(const float *base, size_t stride, int nch, int d, float *a
     }
 }
 
-/* Attention: one work item per (token, KV head, key chunk, query head of the group), so a short
- * context still spreads over many blocks. The item's query, K and V rows go to shared memory first
- * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
- * head, then the butterfly), the softmax a warp, the V sums a thread per element in key order. */
-/* One query head of an attention item, the chunk's n keys staged (ks: K rows, vsm: V rows, qs: the
- * query): scores, softmax, V sums in key order; the head's output, or its chunk partial (the last
- * chunk of the head to finish combines them). The same operations as op_attn's own item loop,
- * which keeps them inline: calling this there changed the decode kernels' code (bf16 decode -4.5%
- * on the H200), so the decode path stays as it was (its PTX unchanged, scripts/ptx_compare.py). */
-DEV void attn_head(const g4c_op *op, const tail_t &tl, const float *qs, float *sc, float *stat, const float *ks,
-                   const float *vsm, int n, int m, int g, int hh, int ci, int nch) {
-    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
-#pragma unroll 1
-    for (int j = warp; j < n; j += G4C_WARPS) {
-        const float *kr = ks + (size_t)j * d;
-        float a = 0.0f;
-#pragma unroll 1
-        for (int c4 = lane; c4 < d / 4; c4 += 32) {
-            const float4 kv = *reinterpret_cast<const float4 *>(kr + 4 * c4);
-            const float4 q = *reinterpret_cast<const float4 *>(qs + 4 * c4);
-            a = fmaf(q.x, kv.x, a);
-            a = fmaf(q.y, kv.y, a);
-            a = fmaf(q.z, kv.z, a);
-            a = fmaf(q.w, kv.w, a);
-        }
-        a = warp_sum_f(a);
-        if (lane == 0) sc[j] = a;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float mx = -INFINITY;
-#pragma unroll 1
-        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[j]);
-        mx = warp_max_f(mx);
-        float s = 0.0f;
-#pragma unroll 1
-        for (int j = lane; j < n; j += 32) {
-            float e = expf(sc[j] - mx);
-            sc[j] = e;
-            s += e;
-        }
-        s = warp_sum_f(s);
-        if (lane == 0) {
-            stat[0] = mx;
-            stat[1] = s;
-        }
-    }
-    __syncthreads();
-    float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
-#pragma unroll 1
-    for (int e = tid; e < d; e += G4C_THREADS) {
-        float o = 0.0f;
-#pragma unroll 4
-        for (int j = 0; j < n; j++) o = fmaf(sc[j], vsm[(size_t)j * d + e], o); /* in key order */
-        if (nch == 1) op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o / stat[1];
-        else part[2 + e] = o;
-    }
-    if (nch > 1) { /* the last of the head's chunks to finish combines them (no separate stage) */
-        if (tid == 0) {
-            part[0] = stat[0];
-            part[1] = stat[1];
-        }
-        __threadfence();
-        __syncthreads();
-        int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
-        if (tid == 0) tl.flag[1] = atomicAdd(cnt, 1) == nch - 1;
-        __syncthreads();
-        if (tl.flag[1]) {
-            __threadfence();
-            const size_t stride = (size_t)group * (d + 2);
-            attn_combine(part - (size_t)ci * stride, stride, nch, d, op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d);
-            if (tid == 0) *cnt = 0; /* ready for the next layer */
-        }
-    }
-}
-
-/* The prefill kernels' attention (WIDE): one item per (token, KV head, key chunk) for all the
- * group's query heads, so the chunk's K/V rows (and the block's own rows' norm and RoPE) are staged
- * once instead of once per query head; each head then runs exactly as in its own item. */
-DEV void attn_items_wide(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
-    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
-    const int stage_from = (p.direct || !op->kst) ? INT_MAX : pos0;
-    const int raw_from = op->heads && op->qkv_own ? pos0 : INT_MAX;
-    const int warp = threadIdx.x >> 5, tid = threadIdx.x, d4 = d / 4;
-    int total = 0;
-    for (int m = 0; m < p.M; m++) {
-        int lo, cf, nch;
-        attn_range(op, pos0 + m, &lo, &cf, &nch);
-        total += nkv * nch;
-    }
-    float *qs = sm, *sc = sm + d, *stat = sc + G4C_KCHUNK;
-    float *ks = stat + 4;
-    const tail_t tl = tail_of(sm, p);
-#pragma unroll 1
-    for (int it = blockIdx.x; it < total; it += gridDim.x) {
-        int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
-        for (;; m++) {
-            pq = pos0 + m;
-            attn_range(op, pq, &lo, &cf, &nch);
-            if (rest < nkv * nch) break;
-            rest -= nkv * nch;
-        }
-        const int g = rest / nch, ci = rest % nch, c = cf + ci;
-        const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
-        float *vsm = ks + (size_t)n * d;
-        const long long tstart = p.trace ? clock64() : 0;
-        {
-            const int rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
-            const size_t off = (size_t)g * d + 4 * c4;
-            const int nc = min(n, raw_from - k0);
-#pragma unroll 1
-            for (int j = j0 < rpp ? j0 : nc; j < nc; j += rpp) {
-                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
-                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
-            }
-            if (op->heads) { /* the own rows' K and V, a warp per vector (as op_attn) */
-                const int nv = 2 * max(0, n - max(nc, 0));
-#pragma unroll 1
-                for (int v = warp; v < nv; v += G4C_WARPS) {
-                    const int j = max(nc, 0) + v / 2, mj = k0 + j - pos0;
-                    const float *kr = op->kraw + (size_t)mj * row + (size_t)g * d;
-                    if (v % 2 == 0)
-                        warp_norm_rope(kr, ks + (size_t)j * d, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, k0 + j, p.eps,
-                                       ks + (size_t)j * d);
-                    else
-                        warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)mj * row + (size_t)g * d, vsm + (size_t)j * d, NULL, d, 0,
-                                       0, NULL, NULL, 0, p.eps, vsm + (size_t)j * d);
-                }
-            }
-            cp_wait();
-        }
-        __syncthreads();
-        if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart);
-        if (op->heads && op->qkv_own && k1 == pq) { /* this token's K/V row, as op_heads stores it */
-            float *kd, *vd;
-            kv_dest(op, p, m, pq, g, &kd, &vd);
-#pragma unroll 1
-            for (int e = tid; e < d; e += G4C_THREADS) {
-                kd[e] = ks[(size_t)(n - 1) * d + e];
-                vd[e] = vsm[(size_t)(n - 1) * d + e];
-            }
-        }
-#pragma unroll 1
-        for (int hh = 0; hh < group; hh++) {
-            const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
-            if (!op->heads) {
-                if (tid < d4) cp16(qs + 4 * tid, qsrc + 4 * tid);
-                cp_wait();
-            } else if (warp == 0) {
-                warp_norm_rope(qsrc, qs, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, qs);
-            }
-            __syncthreads();
-            attn_head(op, tl, qs, sc, stat, ks, vsm, n, m, g, hh, ci, nch);
-            __syncthreads(); /* qs and the scores are the next head's */
-        }
-    }
-}
-
 /* The prefill kernels' attention (WIDE). First (when the stage norms and ropes itself, op->heads)
  * every query head and every own K/V row of the launch is normed and roped once, a warp each
  * (warp_norm_rope, as the decode kernels' items do it): queries into p.qn, K/V rows into staging
@@ -2016,12 +1857,16 @@ DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, flo
     }
 }
 
+/* Attention (the decode kernels; the wide kernels take attn_items_tokens): one work item per
+ * (token, KV head, key chunk, query head of the group), so a short context still spreads over many
+ * blocks. The item's query, K and V rows go to shared memory first
+ * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
+ * head, then the butterfly), the softmax a warp, the V sums a thread per element in key order. */
 template <bool WIDE>
 DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
     if constexpr (WIDE) {
         if (!op->drafter && op->n_heads > op->n_kv) {
-            if (p.attn_old) attn_items_wide(op, p, pos0, sm);
-            else attn_items_tokens(op, p, pos0, sm, bar, extra);
+            attn_items_tokens(op, p, pos0, sm, bar, extra);
             return;
         }
     } else {

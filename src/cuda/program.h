@@ -283,7 +283,6 @@ typedef struct g4c_params {
     unsigned short *fp_x; /* [G4C_FP_TERMS][fp_tokens][fp_ld] the stage's input rows as bf16 terms */
     float *fp_part;       /* K segments' partials [item][segment][G4C_FP_SLOT] */
     int *fp_cnt;          /* [band · token blocks] segments finished (back to 0 once added) */
-    int attn_old;         /* A/B: the wide kernels' attention items per (token, KV head, chunk) */
     float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */
 } g4c_params;
 #endif

@@ -106,7 +106,6 @@ struct g4_cuda {
     float *mma_part, *fp_part, *qn;
     unsigned short *fp_x;
     int fp_ld;                           /* widest matmul input (the prefill procedure's activation rows) */
-    int attn_old;                        /* G4_CUDA_ATTN_OLD (A/B of the wide kernels' attention) */
     int trace_fast;                      /* g4_cuda_trace runs the prefill procedure */
     std::vector<dev_kv> kv;
     std::vector<float *> rope_cs;        /* per layer: [n_ctx][pairs][2] cos, sin, shared by equal kinds */
@@ -938,8 +937,6 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * gain. Another reduction procedure: compare logits only within one setting. */
         const char *e = getenv("G4_CUDA_MMA");
         c->mma_bf16 = e && ((atoi(e) >> G4C_BF16) & 1);
-        e = getenv("G4_CUDA_ATTN_OLD");
-        c->attn_old = e && atoi(e) > 0;
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
@@ -1075,7 +1072,6 @@ static g4c_params base_params(const g4_cuda *c) {
     p.fp_x = c->fp_x;
     p.fp_part = c->fp_part;
     p.fp_cnt = c->fp_cnt;
-    p.attn_old = c->attn_old;
     p.qn = c->qn;
     return p;
 }

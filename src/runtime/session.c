@@ -76,7 +76,7 @@ g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_sess
 #endif
     if (!o.n_ctx) o.n_ctx = 4096;
     if (o.n_ctx > m->cfg.max_positions) o.n_ctx = m->cfg.max_positions;
-    if (!o.max_batch) o.max_batch = 64;
+    if (!o.max_batch) o.max_batch = o.device == G4_DEVICE_CUDA ? 256 : 64; /* GPU: the prefill chunk (pp512 E2B: 64 -> 4.5k, 256 -> 6.1k tok/s) */
     if (o.max_batch > o.n_ctx) o.max_batch = o.n_ctx;
     g4_session *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, G4_ERR_NOMEM, "out of memory");
