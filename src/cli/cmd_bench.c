@@ -41,10 +41,11 @@ static void bench_usage(FILE *f) {
             "  --gen N              decode tokens timed per context (default 32)\n"
             "  --threads N          worker threads (default: all CPUs)\n"
             "  --device D           cpu (default) or cuda\n"
-            "  --exact-prefill      GPU: prefill with the decode procedure instead of the tensor cores\n"
+            "  --fast-prefill       GPU: prefill on the tensor cores (logits within rounding of the exact\n"
+            "                       default, chunk 256 unless --batch)\n"
             "  --no-verify          skip the verify-block table\n"
             "  --profile            after each decode row, where a token's time went (CPU)\n"
-            "  --batch N            most tokens per forward step: the prefill chunk (default 64; GPU 256)\n"
+            "  --batch N            most tokens per forward step: the prefill chunk (default 64; 256 with --fast-prefill)\n"
             "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
             "                       (llama.cpp's pp512 is --prefill 512)\n"
             "  --json               also print each result as one JSON object per line (lines start with '{')\n"
@@ -174,7 +175,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
     int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
-    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 0, exact_prefill = 0;
+    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 0, fast_prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -201,7 +202,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--no-verify")) verify = 0;
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--exact-prefill")) exact_prefill = 1;
+        else if (!strcmp(a, "--fast-prefill")) fast_prefill = 1;
         else if (!strcmp(a, "--device") && v) {
             const char *d = argv[++i];
             if (!strcmp(d, "cpu")) device = G4_DEVICE_CPU;
@@ -260,7 +261,7 @@ int cmd_bench(int argc, char **argv) {
            synth ? "synthetic " : "", synth ? synth : model_path, storage ? storage : synth ? "bf16" : info.arch,
            info.n_layers, info.hidden, info.weight_bytes / 1e9, now() - t0);
     g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = batch, .device = device,
-                            .exact_prefill = exact_prefill};
+                            .fast_prefill = fast_prefill};
     if (g4_session_create(m, &o, &s, &err)) goto fail;
     int nt = threads;
     if (!nt) {

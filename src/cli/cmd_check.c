@@ -22,7 +22,7 @@ static void check_usage(FILE *f) {
             "  --threads N      worker threads (default: all CPUs)\n"
             "  --chunk N        tokens per forward step (default 64)\n"
             "  --device D       cpu (default) or cuda\n"
-            "  --exact-prefill  GPU: the prompt with the decode procedure (else the tensor-core prefill)\n"
+            "  --fast-prefill   GPU: the prompt with the tensor-core prefill (else the decode procedure)\n"
             "  --dump OUTDIR    write named intermediates as OUTDIR/<name>.f32, rows ordered\n"
             "                   [layer][position][values] as in the fixture's hidden.f32 (rows of\n"
             "                   narrower layers zero-padded to the widest), plus\n"
@@ -345,7 +345,7 @@ out:
 
 int cmd_check(int argc, char **argv) {
     const char *dir = NULL, *dump_dir = NULL, *dump_pos = NULL;
-    int threads = 0, chunk = 64, device = G4_DEVICE_CPU, exact_prefill = 0;
+    int threads = 0, chunk = 64, device = G4_DEVICE_CPU, fast_prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -363,8 +363,8 @@ int cmd_check(int argc, char **argv) {
                 fprintf(stderr, "g4 check: --device: '%s' is not cpu or cuda\n", v);
                 return 2;
             }
-        } else if (!strcmp(a, "--exact-prefill")) {
-            exact_prefill = 1;
+        } else if (!strcmp(a, "--fast-prefill")) {
+            fast_prefill = 1;
         } else if (!strcmp(a, "--dump")) {
             dump_dir = i + 1 < argc ? argv[++i] : NULL;
         } else if (!strcmp(a, "--dump-pos")) {
@@ -444,7 +444,7 @@ int cmd_check(int argc, char **argv) {
     g4_model_get_info(model, &info);
     int V = info.vocab, H = info.hidden, L = info.n_layers, P = info.ple_width;
     g4_session_options so = {.n_ctx = n_tok > n_gp + n_gt ? n_tok : n_gp + n_gt, .n_threads = threads, .max_batch = chunk,
-                             .device = device, .exact_prefill = exact_prefill};
+                             .device = device, .fast_prefill = fast_prefill};
     if (g4_session_create(model, &so, &sess, &err)) {
         fprintf(stderr, "g4 check: %s\n", err.message);
         goto done;

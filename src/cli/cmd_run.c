@@ -25,7 +25,7 @@ typedef struct {
     const char *model, *tokenizer, *prompt, *system, *draft;
     const char *stops[MAX_STOPS];
     int n_stops;
-    int raw, ids, think, max_tokens, ctx, threads, draft_k, quiet, exact_prefill;
+    int raw, ids, think, max_tokens, ctx, threads, draft_k, quiet, fast_prefill;
     int device; /* -1: auto (CUDA when there is a usable GPU, else the CPU), or G4_DEVICE_* */
     g4_sampler_options so;
 } run_opts;
@@ -51,8 +51,8 @@ static void run_usage(FILE *f, int chat) {
             "  --ctx N               context length (default 4096)\n"
             "  --threads N           worker threads (default: all CPUs)\n"
             "  --device D            cpu, cuda or auto (default: auto = the GPU when there is one)\n"
-            "  --exact-prefill       GPU: the prompt through the decode procedure (logits bitwise those of\n"
-            "                        feeding it one token at a time; slower than the tensor-core prefill)\n"
+            "  --fast-prefill        GPU: the prompt on the tensor cores (~3.7x faster; logits within\n"
+            "                        rounding of the default, which is bitwise one token at a time)\n"
             "  --draft DIR           speculative decoding with a Gemma 4 drafter (same output)\n"
             "  --draft-k N           most drafted tokens per round (default 4)\n"
             "  -q, --quiet           no statistics on stderr\n",
@@ -133,7 +133,7 @@ static int parse_run_opts(int argc, char **argv, int chat, run_opts *o) {
             if (!chat && !strcmp(a, "--raw")) o->raw = 1;
             else if (!chat && !strcmp(a, "--ids")) o->ids = 1;
             else if (!strcmp(a, "--think")) o->think = 1;
-            else if (!strcmp(a, "--exact-prefill")) o->exact_prefill = 1;
+            else if (!strcmp(a, "--fast-prefill")) o->fast_prefill = 1;
             else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) o->quiet = 1;
             else {
                 fprintf(stderr, "g4 %s: unknown option '%s' (see --help)\n", chat ? "chat" : "run", a);
@@ -207,7 +207,7 @@ static int engine_open(engine *e, const run_opts *o, int need_tokenizer) {
         fprintf(stderr, "loaded %s: %d layers, hidden %d, %.2f GB of weights, in %.2f s\n", info.arch, info.n_layers,
                 info.hidden, info.weight_bytes / 1e9, seconds() - t0);
     g4_session_options so = {.n_ctx = o->ctx, .n_threads = o->threads, .device = o->device < 0 ? G4_DEVICE_CUDA : o->device,
-                             .exact_prefill = o->exact_prefill};
+                             .fast_prefill = o->fast_prefill};
     if (g4_session_create(e->model, &so, &e->sess, &err)) {
         /* auto: no usable GPU (or weights it cannot run yet) -> say so once, use the CPU */
         if (o->device >= 0 || err.code != G4_ERR_UNSUPPORTED) goto fail;

@@ -13,7 +13,7 @@ struct g4_session {
     g4_threadpool *pool;
     g4_state st;          /* on CUDA sessions only the bookkeeping (pos, n_ctx, max_batch, dump) */
     struct g4_cuda *cuda; /* non-NULL: the CUDA backend holds the cache and runs the forward */
-    int exact_prefill;    /* g4_session_options.exact_prefill */
+    int fast_prefill;     /* g4_session_options.fast_prefill */
 };
 
 /* The backend-neutral steps generation is made of. */

@@ -2,10 +2,10 @@
  *
  * For each fixture folder given on the command line:
  *   batch invariance  teacher-forced logits of N tokens, computed in blocks of 1, 3, 7 and 64
- *                     tokens on the GPU with the prefill procedure (tensor cores), must be bitwise
- *                     identical; with exact_prefill (the decode procedure) in blocks of 64 they must
- *                     be bitwise those of feeding the tokens one at a time; both within tolerance
- *                     of the CPU and of each other
+ *                     tokens on the GPU with fast_prefill (tensor cores), must be bitwise
+ *                     identical; by default (the decode procedure) in blocks of 64 they must be
+ *                     bitwise those of feeding the tokens one at a time; both within tolerance of
+ *                     the CPU and of each other
  *   lossless drafting greedy generation of G tokens with the drafter (k = 1..6) must equal plain
  *                     greedy generation on the GPU, tokens and logits bitwise (fixtures with an
  *                     assistant/ folder); G spans many sliding-window wraps
@@ -34,10 +34,10 @@ static void report(int ok, const char *fixture, const char *what, const char *de
     fflush(stdout);
 }
 
-static g4_session *open_session_x(g4_model *m, int device, int n_ctx, int max_batch, int exact) {
+static g4_session *open_session_x(g4_model *m, int device, int n_ctx, int max_batch, int fast) {
     g4_error err = {0};
     g4_session *s = NULL;
-    g4_session_options so = {.n_ctx = n_ctx, .max_batch = max_batch, .device = device, .exact_prefill = exact};
+    g4_session_options so = {.n_ctx = n_ctx, .max_batch = max_batch, .device = device, .fast_prefill = fast};
     if (g4_session_create(m, &so, &s, &err)) {
         fprintf(stderr, "session (%s, batch %d): %s\n", device ? "cuda" : "cpu", max_batch, err.message);
         return NULL;
@@ -48,9 +48,9 @@ static g4_session *open_session(g4_model *m, int device, int n_ctx, int max_batc
     return open_session_x(m, device, n_ctx, max_batch, 0);
 }
 
-/* logits of tokens[0..n) teacher-forced, in blocks of max_batch (exact: exact_prefill) */
-static float *forced_logits(g4_model *m, int device, int max_batch, const int32_t *tokens, int n, int V, int exact) {
-    g4_session *s = open_session_x(m, device, n + 8, max_batch, exact);
+/* logits of tokens[0..n) teacher-forced, in blocks of max_batch (fast: fast_prefill) */
+static float *forced_logits(g4_model *m, int device, int max_batch, const int32_t *tokens, int n, int V, int fast) {
+    g4_session *s = open_session_x(m, device, n + 8, max_batch, fast);
     if (!s) return NULL;
     float *lg = malloc(sizeof(float) * (size_t)n * V);
     for (size_t i = 0; i < (size_t)n * V; i++) lg[i] = NAN; /* poison: an unwritten row fails */
@@ -139,12 +139,12 @@ static void check_fixture(const char *arg, int n_gen) {
         tokens[i] = 3 + (int32_t)((r >> 8) % (uint32_t)(V - 3));
     }
     /* batch invariance */
-    float *l64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 0);
-    float *l1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 0);
-    float *l3 = forced_logits(m, G4_DEVICE_CUDA, 3, tokens, N, V, 0);
-    float *l7 = forced_logits(m, G4_DEVICE_CUDA, 7, tokens, N, V, 0);
-    float *x64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 1);
-    float *x1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 1);
+    float *l64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 1);
+    float *l1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 1);
+    float *l3 = forced_logits(m, G4_DEVICE_CUDA, 3, tokens, N, V, 1);
+    float *l7 = forced_logits(m, G4_DEVICE_CUDA, 7, tokens, N, V, 1);
+    float *x64 = forced_logits(m, G4_DEVICE_CUDA, 64, tokens, N, V, 0);
+    float *x1 = forced_logits(m, G4_DEVICE_CUDA, 1, tokens, N, V, 0);
     float *lc = forced_logits(mc, G4_DEVICE_CPU, 64, tokens, N, V, 0);
     float *lq = mref ? forced_logits(m, G4_DEVICE_CPU, 64, tokens, N, V, 0) : NULL;
     if (!l64 || !l1 || !l3 || !l7 || !x64 || !x1 || !lc) {
