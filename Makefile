@@ -25,7 +25,10 @@ CFLAGS   += -DG4_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
 endif
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+# the persistent kernel: one object per instantiation (src/cuda/inst/kernel.cu -DG4C_INST=i, i <
+# G4C_N_INST in src/cuda/internal.h), so `make -j` compiles them in parallel
+CU_INST  := $(if $(NVCC),$(foreach i,0 1 2 3 4 5 6 7 8,$(BUILD)/src/cuda/inst/kernel_$(i).o))
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(CU_INST)
 GPU_BIN  := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 
 # EXCLUDE: sources to leave out (e.g. work in progress), as paths relative to the root
@@ -63,6 +66,10 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
+
+$(CU_INST): $(BUILD)/src/cuda/inst/kernel_%.o: src/cuda/inst/kernel.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -DG4C_INST=$* -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
 
 # GPU tests (tests/gpu/, run by scripts/gpu_suite.sh on a machine with a GPU; never by `make test`)
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(BUILD)/libg4.a

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Which kernels two PTX files of forward.cu define identically.
+"""Which kernels two PTX files of one kernel instantiation define identically.
 
     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -fmad=false -Iinclude -Isrc \
-         -ptx -o new.ptx src/cuda/forward.cu          (and old.ptx from the old source)
+         -DG4C_INST=i -ptx -o new.ptx src/cuda/inst/kernel.cu   (and old.ptx from the old source;
+         i indexes G4C_INST_MASKS in src/cuda/internal.h)
     python3 scripts/ptx_compare.py old.ptx new.ptx [KERNEL [LINES]]
 
 Each .entry is compared after renaming virtual registers, branch labels and the translation

@@ -1,0 +1,2401 @@
+/* The persistent kernel's device code (see forward.cu for the launch side): one template,
+ * g4c_kernel<mask>, instantiated once per storage mask, each in its own translation unit
+ * (src/cuda/inst/kernel.cu, compiled once per mask: the instantiations build in parallel).
+ *
+ * The CUDA backend's kernels: one persistent kernel interprets a stage list (program.h) for any
+ * number of tokens M. Every block is resident (cooperative launch, grid sized by the occupancy
+ * calculator); stages are separated by a grid-wide barrier built from one atomic counter and a
+ * generation word.
+ *
+ * Exactness: the arithmetic of one output element never depends on M, on the token tiling, on the
+ * grid size or on which warp computes it (program.h says how each kind of element is reduced).
+ * Built with -fmad=false: no multiply-add is fused unless written as fmaf, so two paths that
+ * write the same expression give the same bits.
+ *
+ * Memory: weights are read with ld.global.nc (never written during a launch); activations written
+ * by other blocks earlier in the same launch are read with ld.global.cg (L2), so a stale L1 line
+ * can never be seen after a barrier. */
+#ifndef G4_CUDA_FORWARD_CUH
+#define G4_CUDA_FORWARD_CUH
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/internal.h"
+
+/* Independent fmaf chains per dot: with two warps per scheduler (255 registers per thread) most of
+ * a stage's issue slots were lost to dependency waits (ncu on an E2B qat-int4 step: 9.1 cycles
+ * per issued instruction, of which "wait" 1.75 and long scoreboard 2.8). Measured in one run on
+ * the H200 (E2B decode tok/s, ctx 128, QACC/BACC 1/1 -> 4/2 -> 2/2): qat-int4 219 -> 243 -> 257,
+ * mlx-4 164 -> 183 -> 192, qat-int8 210 -> 211 -> 210, bf16 260 -> 258 -> 257; E4B qat-int4 146
+ * -> 169 -> 180, mlx-4 102 -> 114 -> 119, bf16 149 -> 146 -> 146. The whole kernel is one
+ * register allocation, so a change in one path moves the others by a few percent. */
+#ifndef G4C_QACC
+#define G4C_QACC 2 /* partial sums per quantised chunk dot (1, 2 or 4) */
+#endif
+#ifndef G4C_BACC
+#define G4C_BACC 2 /* fmaf chains per dense row and token (1 or 2) */
+#endif
+#ifndef G4C_U_Q4_M1
+#define G4C_U_Q4_M1 4 /* 4-bit chunks per row a lane loads ahead at M = 1 */
+#endif
+#ifndef G4C_U_MT4
+#define G4C_U_MT4 8 /* chunks per row a lane loads ahead in the 2..4-token tiles (Q4: half) */
+#endif
+#define DEV static __device__ __forceinline__
+#define DEVR static __device__ __noinline__ /* rare paths: out of line */
+/* The stage functions: inlined into the kernel (default: no calls, so no callee-saved registers
+ * stored to and reloaded from local memory around every stage, whose reloads went to L2 because
+ * shared memory leaves L1 little room), or out of line with G4C_INLINE_ALL=0. */
+#ifndef G4C_INLINE_ALL
+#define G4C_INLINE_ALL 1
+#endif
+#if G4C_INLINE_ALL
+#define DEVN static __device__ __forceinline__
+#define DEVT __device__ __forceinline__
+#else
+#define DEVN static __device__ __noinline__
+#define DEVT __device__ __noinline__
+#endif
+
+/* ---- loads ----------------------------------------------------------------------------------- */
+
+/* weights: read once per launch, so they bypass L1 and, with an evict-first policy, leave L2 before
+ * what is reused (the kernel's code, the stage list, activations, the cache, the stack) */
+DEV uint4 ld_w16(const void *p, unsigned long long pol) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "l"(pol));
+    return r;
+}
+DEV unsigned long long l2_policy(int evict_first) {
+    unsigned long long pol;
+    if (evict_first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+DEV float lda(const float *p) { return __ldcg(p); }
+DEV float4 lda4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
+DEV int ldi(const int *p) { return __ldcg(p); }
+DEV float ldv(const float *p) { return __ldg(p); }
+
+DEV float bf16f(unsigned h) { return __uint_as_float(h << 16); }
+DEV float f16f(unsigned h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+
+/* L2 prefetch of a 16-byte aligned range (bytes a multiple of 16); asynchronous, no registers */
+DEV void pf_l2(const void *p, long long bytes) {
+    while (bytes > 0) {
+        unsigned n = bytes > (1 << 20) ? (1u << 20) : (unsigned)bytes;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+        p = (const char *)p + n;
+        bytes -= n;
+    }
+}
+
+/* 16 bytes global -> shared without registers (cached in L2 only, like __ldcg); complete after
+ * cp_wait() in the issuing thread, visible to the block after a __syncthreads */
+DEV void cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+DEV void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+DEV int px(int i) { return i + ((i >> 5) << 2); } /* padded input-tile index (program.h) */
+
+/* scale or bias g of a quantised row */
+DEV float q_param(const char *row, int off, int stype, int g) {
+    if (stype == G4C_S_F32) return __ldg((const float *)(row + off) + g);
+    unsigned h = __ldg((const unsigned short *)(row + off) + g);
+    return stype == G4C_S_F16 ? f16f(h) : bf16f(h);
+}
+
+/* element (r, c) of a matrix as float (embedding gathers); out of line: code size is time here
+ * (every stage's code is fetched again from L2 when the instruction cache has moved on) */
+DEVR float mat_at(const g4c_mat &m, long long r, int c) {
+    if (m.flags & G4C_QF_TILED) { /* bf16 in the tensor cores' tiles (program.h) */
+        const char *e = (const char *)m.data + ((r >> 4) * (m.cols >> 5) + (c >> 5)) * 1024 + ((r >> 3) & 1) * 512 +
+                        ((r & 7) * 4 + ((c & 31) >> 3)) * 16 + (c & 7) * 2;
+        return bf16f(__ldg((const unsigned short *)e));
+    }
+    const char *row = (const char *)m.data + r * m.row_bytes;
+    if (m.type == G4C_F32) return __ldg((const float *)row + c);
+    if (m.type == G4C_F16 || m.type == G4C_BF16) {
+        unsigned h = __ldg((const unsigned short *)row + c);
+        return m.type == G4C_F16 ? f16f(h) : bf16f(h);
+    }
+    unsigned byte = __ldg((const unsigned char *)row + (m.type == G4C_Q8 ? c : c >> 1));
+    float q;
+    if (m.type == G4C_Q8) q = (m.flags & G4C_QF_SIGNED) ? (float)(int)(signed char)byte : (float)byte;
+    else q = (float)(int)(((c & 1) ? byte >> 4 : byte & 15u)) - ((m.flags & G4C_QF_SIGNED) ? 8.0f : 0.0f);
+    const int g = c / m.group;
+    float v = q_param(row, m.sc_off, m.stype, g) * q;
+    if (m.flags & G4C_QF_BIAS) v = v + q_param(row, m.bi_off, m.stype, g);
+    return v;
+}
+
+DEV float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi); the CPU's g4_gelu_tanh, term for term */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+/* ---- reductions (fixed shapes: every lane/thread ends with the same bits) --------------------- */
+
+DEV double warp_sum_d(double v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEV float warp_sum_f(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+DEV float warp_max_f(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* (value, index) with the larger value, the lower index on ties */
+DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+/* Sum over the block in double: warp butterflies, then every thread adds the warp sums in order. */
+DEV double block_sum_d(double v, double *red) {
+    v = warp_sum_d(v);
+    __syncthreads(); /* red may still be read from the previous call */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0;
+    for (int w = 0; w < G4C_WARPS; w++) s += red[w];
+    return s;
+}
+
+/* sum of squares of a float4 in double, in a fixed order */
+DEV double sq4(const float4 &a) {
+    return ((double)a.x * a.x + (double)a.y * a.y) + ((double)a.z * a.z + (double)a.w * a.w);
+}
+
+DEV float rms_inv(double ss, int n, float eps) { return (float)(1.0 / sqrt(ss / n + (double)eps)); }
+
+/* ---- the grid barrier --------------------------------------------------------------------------- */
+
+/* Barrier k of a launch on a grid of G blocks completes when the arrival counter reaches
+ * base + (k+1)·G, base being its value when the launch began (a multiple of G: every launch adds
+ * G per barrier; a block reading it late still rounds down to it, since barrier 0 cannot complete
+ * without that block). One fire-and-forget release reduction per block, relaxed polling, one
+ * acquire fence (measured on the H200: ~0.2 us less per barrier than __threadfence, atomicAdd,
+ * __threadfence); no reset (the 64-bit counter never wraps in practice). While thread 0 waits, the other threads copy the next stage's
+ * g4c_op (next not NULL) into shared memory (`into`), so its fields are read at shared-memory
+ * latency instead of by a chain of dependent global loads. */
+DEV void grid_sync(g4c_ctl *ctl, unsigned long long target, const g4c_op *next, g4c_op *into) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        /* arrival: a release reduction (cumulative: it publishes the writes the block's threads made
+         * before the __syncthreads); polling relaxed, then one acquire fence */
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&ctl->bar) : "memory");
+        volatile unsigned long long *b = &ctl->bar;
+        while (*b < target) {
+        }
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    } else if (next) {
+        constexpr int W = (int)(sizeof(g4c_op) / 4);
+        const int *src = reinterpret_cast<const int *>(next);
+        int *dst = reinterpret_cast<int *>(into);
+#pragma unroll 1
+        for (int i = threadIdx.x - 1; i < W; i += G4C_THREADS - 1) dst[i] = __ldg(src + i);
+    }
+    __syncthreads();
+}
+
+DEV unsigned long long global_ns(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* ---- the dot product: two weight rows against mt input rows -------------------------------------- */
+
+/* the partial sums of a chunk dot, pairwise: (p0 + p1) + (p2 + p3) */
+template <int A> DEV float qsum(const float (&p)[A]) {
+    if (A == 4) return (p[0] + p[1 % A]) + (p[2 % A] + p[3 % A]);
+    if (A == 2) return p[0] + p[1 % A];
+    return p[0];
+}
+
+template <int T> DEV void unpack(const uint4 &w, float *f);
+template <> __device__ __forceinline__ void unpack<G4C_BF16>(const uint4 &w, float *f) {
+    f[0] = __uint_as_float(w.x << 16); f[1] = __uint_as_float(w.x & 0xffff0000u);
+    f[2] = __uint_as_float(w.y << 16); f[3] = __uint_as_float(w.y & 0xffff0000u);
+    f[4] = __uint_as_float(w.z << 16); f[5] = __uint_as_float(w.z & 0xffff0000u);
+    f[6] = __uint_as_float(w.w << 16); f[7] = __uint_as_float(w.w & 0xffff0000u);
+}
+template <> __device__ __forceinline__ void unpack<G4C_F16>(const uint4 &w, float *f) {
+    f[0] = f16f(w.x & 0xffffu); f[1] = f16f(w.x >> 16);
+    f[2] = f16f(w.y & 0xffffu); f[3] = f16f(w.y >> 16);
+    f[4] = f16f(w.z & 0xffffu); f[5] = f16f(w.z >> 16);
+    f[6] = f16f(w.w & 0xffffu); f[7] = f16f(w.w >> 16);
+}
+/* quantised chunks go through codes_q8 / codes_q4; these only complete the template */
+template <> __device__ __forceinline__ void unpack<G4C_Q8>(const uint4 &, float *) {}
+template <> __device__ __forceinline__ void unpack<G4C_Q4>(const uint4 &, float *) {}
+template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, float *f) {
+    f[0] = __uint_as_float(w.x); f[1] = __uint_as_float(w.y);
+    f[2] = __uint_as_float(w.z); f[3] = __uint_as_float(w.w);
+}
+
+/* Quantised codes become exact floats as 2^23 + q (q in the low mantissa bits) minus 2^23 and the
+ * zero point. */
+/* acc[r][m] = w_r · x_m (r < 2) for team warp j of S. Lane l of warp j owns 16-byte chunks
+ * 32j + l, 32j + l + 32S, ... in ascending order, one fmaf accumulator per (row, token); then the
+ * xor butterfly (the caller adds the S warp sums in order). The unroll U only groups loads ahead
+ * of their use; it never changes the sequence of operations on any accumulator (U8: the unroll of
+ * 5..8-token tiles, chosen per kernel instantiation by mm_tile_t). x is a padded input tile (row
+ * stride ldx). */
+template <int T, int MTT, int U8 = 4>
+DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const float *x, int ldx, int mt, int j, int S,
+              float (&acc)[2][G4C_MT], unsigned long long pol) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? G4C_U_Q4_M1 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? U8 / 2 : U8);
+    const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
+    const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
+    float a0[MTT], a1[MTT];
+    float p0[MTT][G4C_BACC], p1[MTT][G4C_BACC]; /* dense rows: G4C_BACC fmaf chains per row and token */
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        a0[m] = a1[m] = 0.0f;
+#pragma unroll
+        for (int a = 0; a < G4C_BACC; a++) p0[m][a] = p1[m][a] = 0.0f;
+    }
+#pragma unroll 1
+    for (int c0 = 32 * j + lane; c0 < nch; c0 += step * U) {
+        uint4 wv0[U], wv1[U];
+        float s0[U], s1[U], b0[U], b1[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + step * u;
+            if (c < nch) {
+                wv0[u] = ld_w16(w0 + (size_t)c * 16, pol);
+                wv1[u] = ld_w16(w1 + (size_t)c * 16, pol);
+                if (Q) {
+                    const int g = c * E / wm.group;
+                    s0[u] = q_param(w0, wm.sc_off, wm.stype, g);
+                    s1[u] = q_param(w1, wm.sc_off, wm.stype, g);
+                    b0[u] = bias ? q_param(w0, wm.bi_off, wm.stype, g) : 0.0f;
+                    b1[u] = bias ? q_param(w1, wm.bi_off, wm.stype, g) : 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = c0 + step * u;
+            if (c >= nch) continue;
+            const float *xc = x + px(c * E);
+            if (!Q) {
+                float f0[E], f1[E];
+                unpack<T>(wv0[u], f0);
+                unpack<T>(wv1[u], f1);
+#pragma unroll
+                for (int e = 0; e < E; e += 4) {
+#pragma unroll
+                    for (int m = 0; m < MTT; m++) {
+                        if (m < mt) {
+                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                            constexpr int h = 1 % G4C_BACC; /* .z, .w into the second chain */
+                            p0[m][0] = fmaf(f0[e], v.x, p0[m][0]);
+                            p1[m][0] = fmaf(f1[e], v.x, p1[m][0]);
+                            p0[m][0] = fmaf(f0[e + 1], v.y, p0[m][0]);
+                            p1[m][0] = fmaf(f1[e + 1], v.y, p1[m][0]);
+                            p0[m][h] = fmaf(f0[e + 2], v.z, p0[m][h]);
+                            p1[m][h] = fmaf(f1[e + 2], v.z, p1[m][h]);
+                            p0[m][h] = fmaf(f0[e + 3], v.w, p0[m][h]);
+                            p1[m][h] = fmaf(f1[e + 3], v.w, p1[m][h]);
+                        }
+                    }
+                }
+            } else {
+                /* per chunk: d = codes · x (float, exact codes), then acc += s·d (+ b·Σx) */
+                /* codes as bytes: Q8 the words themselves (sign flipped once per word), Q4 the even
+                 * (low nibble) and odd (high nibble) elements of each word in two byte vectors; a
+                 * byte permute then builds 2^23 + q directly */
+                const unsigned flip = T == G4C_Q8 && sgn ? 0x80808080u : 0u;
+                const unsigned ww0[4] = {wv0[u].x ^ flip, wv0[u].y ^ flip, wv0[u].z ^ flip, wv0[u].w ^ flip};
+                const unsigned ww1[4] = {wv1[u].x ^ flip, wv1[u].y ^ flip, wv1[u].z ^ flip, wv1[u].w ^ flip};
+                /* d = codes · x in G4C_QACC interleaved partial sums (element e into partial e %
+                 * G4C_QACC, each an fmaf chain in element order), added pairwise at the end: short
+                 * dependency chains for the two warps a scheduler has */
+                float d0[MTT][G4C_QACC], d1[MTT][G4C_QACC], sx[MTT];
+#pragma unroll
+                for (int m = 0; m < MTT; m++) {
+                    sx[m] = 0.0f;
+#pragma unroll
+                    for (int a = 0; a < G4C_QACC; a++) d0[m][a] = d1[m][a] = 0.0f;
+                }
+#pragma unroll
+                for (int e = 0; e < E; e += 4) {
+                    float f0[4], f1[4];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int el = e + i;
+                        unsigned b0, b1, sel;
+                        if (T == G4C_Q8) {
+                            b0 = ww0[el >> 2];
+                            b1 = ww1[el >> 2];
+                            sel = el & 3;
+                        } else {
+                            const int sh = (el & 1) * 4; /* odd elements: the high nibbles */
+                            b0 = (ww0[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                            b1 = (ww1[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                            sel = (el & 7) >> 1;
+                        }
+                        const float z = T == G4C_Q8 ? (sgn ? 8388736.0f : 8388608.0f) : (sgn ? 8388616.0f : 8388608.0f);
+                        f0[i] = __uint_as_float(__byte_perm(b0, 0x4B000000u, 0x7540u + sel)) - z;
+                        f1[i] = __uint_as_float(__byte_perm(b1, 0x4B000000u, 0x7540u + sel)) - z;
+                    }
+#pragma unroll
+                    for (int m = 0; m < MTT; m++) {
+                        if (m < mt) {
+                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                            constexpr int A = G4C_QACC;
+                            d0[m][(e + 0) % A] = fmaf(f0[0], v.x, d0[m][(e + 0) % A]);
+                            d1[m][(e + 0) % A] = fmaf(f1[0], v.x, d1[m][(e + 0) % A]);
+                            d0[m][(e + 1) % A] = fmaf(f0[1], v.y, d0[m][(e + 1) % A]);
+                            d1[m][(e + 1) % A] = fmaf(f1[1], v.y, d1[m][(e + 1) % A]);
+                            d0[m][(e + 2) % A] = fmaf(f0[2], v.z, d0[m][(e + 2) % A]);
+                            d1[m][(e + 2) % A] = fmaf(f1[2], v.z, d1[m][(e + 2) % A]);
+                            d0[m][(e + 3) % A] = fmaf(f0[3], v.w, d0[m][(e + 3) % A]);
+                            d1[m][(e + 3) % A] = fmaf(f1[3], v.w, d1[m][(e + 3) % A]);
+                            if (bias) sx[m] = ((sx[m] + v.x) + v.y) + (v.z + v.w);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int m = 0; m < MTT; m++) {
+                    if (m < mt) {
+                        a0[m] = fmaf(s0[u], qsum<G4C_QACC>(d0[m]), a0[m]);
+                        a1[m] = fmaf(s1[u], qsum<G4C_QACC>(d1[m]), a1[m]);
+                        if (bias) {
+                            a0[m] = fmaf(b0[u], sx[m], a0[m]);
+                            a1[m] = fmaf(b1[u], sx[m], a1[m]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        if (!Q) {
+            a0[m] = qsum<G4C_BACC>(p0[m]);
+            a1[m] = qsum<G4C_BACC>(p1[m]);
+        }
+        acc[0][m] = warp_sum_f(a0[m]);
+        acc[1][m] = warp_sum_f(a1[m]);
+    }
+}
+
+/* ---- shared-memory layout of the tail (after the input tile) ---------------------------------- */
+
+typedef struct {
+    double *red;   /* [32] */
+    float *bv;     /* [WARPS][MT] */
+    int *bi;       /* [WARPS][MT] */
+    float *mn;     /* [WARPS] */
+    int *flag;     /* [4] */
+    float *tp;     /* [2][WARPS][2][MT] team partials (double-buffered) */
+    g4c_op *ops;   /* [2] the current and the next stage (p.op_local) */
+} tail_t;
+
+DEV tail_t tail_of(float *sm, const g4c_params &p) {
+    tail_t t;
+    t.red = (double *)(sm + p.smem_in_floats);
+    t.bv = (float *)(t.red + 32);
+    t.bi = (int *)(t.bv + G4C_WARPS * G4C_MT);
+    t.mn = (float *)(t.bi + G4C_WARPS * G4C_MT);
+    t.flag = (int *)(t.mn + G4C_WARPS);
+    t.tp = (float *)(t.flag + 4);
+    t.ops = (g4c_op *)((char *)t.red + 4096);
+    return t;
+}
+
+/* ---- the input tile ------------------------------------------------------------------------------ */
+
+/* Block sums in double of several rows, each exactly as block_sum_d sums one value: red_put (every
+ * thread, row m) does the warp butterfly and keeps the warp's sum in red[warp][m]; after a
+ * __syncthreads, red_get adds the warp sums in warp order. red: [WARPS][G4C_MT]. */
+DEV void red_put(double v, int m, double *red) {
+    v = warp_sum_d(v);
+    if ((threadIdx.x & 31) == 0) red[(threadIdx.x >> 5) * G4C_MT + m] = v;
+}
+DEV double red_get(int m, const double *red) {
+    double s = 0;
+    for (int w = 0; w < G4C_WARPS; w++) s += red[w * G4C_MT + m];
+    return s;
+}
+
+/* The input tile of mt > 1 rows (plain or normed) at once: every row's x (and residual addend t),
+ * and the two norm weights, copied into shared memory together (t at sm + mt·ldk, then t_w and
+ * norm_w; asynchronous copies, all in flight at once), then each reduction of all rows in one pass, every
+ * operand read from shared memory (few live registers: this is inlined into a kernel at its
+ * register limit). Per element and per row the arithmetic and the reduction order are load_input's
+ * (thread tid owns the float4s tid + k·G4C_THREADS of every row), so the tile is bitwise the one
+ * the row-at-a-time path builds. The caller checks the fit (load_rows_floats). red: two
+ * [WARPS][G4C_MT] double scratch arrays. */
+DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
+    return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
+}
+DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p,
+                    bool writer) {
+    const int tid = threadIdx.x, K4 = K / 4, ldk = G4C_TILE_LD(K);
+    const bool norm = in.kind == G4C_IN_NORM;
+    const bool has_t = norm && in.t, has_n = norm && in.norm != G4C_NORM_NONE;
+    float *tst = sm + (size_t)mt * ldk, *tws = tst + (size_t)mt * K, *nws = tws + K;
+    double *red1 = red, *red2 = red + G4C_WARPS * G4C_MT;
+    /* every row's x, t rows, t_w, norm_w: all copies in flight at once (no registers held) */
+#pragma unroll 1
+    for (int f = tid; f < mt * K4; f += G4C_THREADS) {
+        const int m = f / K4, c = f - m * K4;
+        cp16(sm + (size_t)m * ldk + px(4 * c), in.x + (size_t)(t0 + m) * in.ldx + 4 * c);
+        if (has_t) cp16(tst + (size_t)m * K + 4 * c, in.t + (size_t)(t0 + m) * K + 4 * c);
+    }
+#pragma unroll 1
+    for (int c = tid; c < K4; c += G4C_THREADS) {
+        if (has_t) cp16(tws + 4 * c, in.t_w + 4 * c);
+        if (has_n) cp16(nws + 4 * c, in.norm_w + 4 * c);
+    }
+    cp_wait();
+    __syncthreads();
+    if (!norm) return;
+    constexpr int N4 = G4C_IN_NPT / 4;
+    const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (has_t) { /* residual: v += rms_w(t_w)(t) */
+#pragma unroll 1
+        for (int m = 0; m < mt; m++) {
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                ss += sq4(c < K4 ? *reinterpret_cast<const float4 *>(tst + (size_t)m * K + 4 * c) : z4);
+            }
+            red_put(ss, m, red1);
+        }
+        __syncthreads();
+    }
+#pragma unroll 1
+    for (int m = 0; m < mt; m++) {
+        const float inv = has_t ? rms_inv(red_get(m, red1), K, p.eps) : 0.0f;
+        const int tm = t0 + m;
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            float4 xv = c < K4 ? *reinterpret_cast<const float4 *>(sm + (size_t)m * ldk + px(4 * c)) : z4;
+            if (has_t) {
+                const float4 tv = c < K4 ? *reinterpret_cast<const float4 *>(tst + (size_t)m * K + 4 * c) : z4;
+                const float4 tw = c < K4 ? *reinterpret_cast<const float4 *>(tws + 4 * c) : z4;
+                xv.x = xv.x + tv.x * inv * tw.x;
+                xv.y = xv.y + tv.y * inv * tw.y;
+                xv.z = xv.z + tv.z * inv * tw.z;
+                xv.w = xv.w + tv.w * inv * tw.w;
+            }
+            if (in.has_scalar) xv = make_float4(xv.x * in.scalar, xv.y * in.scalar, xv.z * in.scalar, xv.w * in.scalar);
+            if (c < K4) {
+                if (writer && in.x_out) reinterpret_cast<float4 *>(in.x_out + (size_t)tm * K)[c] = xv;
+                if (writer && in.dbg) reinterpret_cast<float4 *>(in.dbg + (size_t)tm * K)[c] = xv;
+                *reinterpret_cast<float4 *>(sm + (size_t)m * ldk + px(4 * c)) = xv;
+            }
+            ss += sq4(xv);
+        }
+        if (has_n) red_put(ss, m, red2);
+    }
+    if (has_n) {
+        __syncthreads();
+        const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
+#pragma unroll 1
+        for (int m = 0; m < mt; m++) {
+            const float iv = rms_inv(red_get(m, red2), K, p.eps);
+            const int tm = t0 + m;
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                if (c >= K4) continue;
+                float4 xv = *reinterpret_cast<const float4 *>(sm + (size_t)m * ldk + px(4 * c));
+                const float4 nw = *reinterpret_cast<const float4 *>(nws + 4 * c);
+                xv = make_float4(xv.x * iv * f * nw.x, xv.y * iv * f * nw.y, xv.z * iv * f * nw.z, xv.w * iv * f * nw.w);
+                if (writer && in.normed_out)
+                    reinterpret_cast<float4 *>(in.normed_out + (size_t)tm * K + (size_t)step * in.normed_step)[c] = xv;
+                *reinterpret_cast<float4 *>(sm + (size_t)m * ldk + px(4 * c)) = xv;
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* Rows t0 .. t0+mt-1 of the stage's input into sm[m * K ...], transformed as the stage asks. Every
+ * block computes the same values; block 0 also writes the ones the rest of the program needs.
+ * Thread tid owns the float4s tid + k·G4C_THREADS of a row in registers (K a multiple of 4, at most
+ * G4C_THREADS·G4C_IN_NPT): every global load of a row (x, the residual addend, both norm weights) is
+ * issued before any is used, so a row costs one memory round trip and two block reductions; the
+ * arithmetic per element is the same for any M. */
+DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
+                     const g4c_params &p, bool writer) {
+    const g4c_in &in = *inp;
+    const int tid = threadIdx.x;
+    for (int m = 0; m < mt; m++) {
+        const int tm = t0 + m;
+        float *v = sm + (size_t)m * G4C_TILE_LD(K);
+        if (in.kind == G4C_IN_CONCAT) { /* drafter: [E_target[tok] * s, carried hidden] */
+            const int H = K / 2;
+            const int tok = step == 0 ? ldi(&p.ctl->dtok0) : ldi(&p.ctl->drafts[step - 1]);
+#pragma unroll 1
+            for (int i = tid; i < H; i += G4C_THREADS) {
+                v[px(i)] = mat_at(in.emb, tok, i) * in.emb_scale;
+                v[px(H + i)] = lda(in.hid + i);
+            }
+            continue;
+        }
+        const float *x = in.x + (size_t)tm * in.ldx;
+        if (in.kind != G4C_IN_NORM) { /* plain rows: float4s, 4 independent loads per thread in flight */
+            const int K4 = K / 4;
+#pragma unroll 1
+            for (int c0 = tid; c0 < K4; c0 += 4 * G4C_THREADS) {
+                float4 a[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (c0 + u * G4C_THREADS < K4) a[u] = lda4(x + 4 * (c0 + u * G4C_THREADS));
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (c0 + u * G4C_THREADS < K4) *reinterpret_cast<float4 *>(v + px(4 * (c0 + u * G4C_THREADS))) = a[u];
+            }
+            continue;
+        }
+        const float *t = in.t ? in.t + (size_t)tm * K : NULL;
+        constexpr int N4 = G4C_IN_NPT / 4;
+        const int K4 = K / 4;
+        const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float4 xv[N4], tv[N4], tw[N4], nw[N4];
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            const bool ok = c < K4;
+            xv[k] = ok ? lda4(x + 4 * c) : z4;
+            tv[k] = ok && t ? lda4(t + 4 * c) : z4;
+            tw[k] = ok && t ? __ldg(reinterpret_cast<const float4 *>(in.t_w) + c) : z4;
+            nw[k] = ok && in.norm != G4C_NORM_NONE ? __ldg(reinterpret_cast<const float4 *>(in.norm_w) + c) : z4;
+        }
+        if (t) { /* residual: v += rms_w(t_w)(t) */
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < N4; k++) ss += sq4(tv[k]);
+            const float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                xv[k].x = xv[k].x + tv[k].x * inv * tw[k].x;
+                xv[k].y = xv[k].y + tv[k].y * inv * tw[k].y;
+                xv[k].z = xv[k].z + tv[k].z * inv * tw[k].z;
+                xv[k].w = xv[k].w + tv[k].w * inv * tw[k].w;
+            }
+        }
+        if (in.has_scalar) {
+            const float sc = in.scalar;
+#pragma unroll
+            for (int k = 0; k < N4; k++) xv[k] = make_float4(xv[k].x * sc, xv[k].y * sc, xv[k].z * sc, xv[k].w * sc);
+        }
+        if (writer && (in.x_out || in.dbg))
+#pragma unroll
+            for (int k = 0; k < N4; k++) {
+                const int c = tid + k * G4C_THREADS;
+                if (c >= K4) continue;
+                if (in.x_out) reinterpret_cast<float4 *>(in.x_out + (size_t)tm * K)[c] = xv[k];
+                if (in.dbg) reinterpret_cast<float4 *>(in.dbg + (size_t)tm * K)[c] = xv[k];
+            }
+        if (in.norm != G4C_NORM_NONE) {
+            double ss = 0;
+#pragma unroll
+            for (int k = 0; k < N4; k++) ss += sq4(xv[k]);
+            const float inv = rms_inv(block_sum_d(ss, red), K, p.eps);
+            const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
+#pragma unroll
+            for (int k = 0; k < N4; k++) /* router: v·inv·H^-1/2·w; rms: v·inv·1·w (the 1 is exact) */
+                xv[k] = make_float4(xv[k].x * inv * f * nw[k].x, xv[k].y * inv * f * nw[k].y, xv[k].z * inv * f * nw[k].z,
+                                    xv[k].w * inv * f * nw[k].w);
+            if (writer && in.normed_out)
+#pragma unroll
+                for (int k = 0; k < N4; k++) {
+                    const int c = tid + k * G4C_THREADS;
+                    if (c < K4) reinterpret_cast<float4 *>(in.normed_out + (size_t)tm * K + (size_t)step * in.normed_step)[c] = xv[k];
+                }
+        }
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = tid + k * G4C_THREADS;
+            if (c < K4) *reinterpret_cast<float4 *>(v + px(4 * c)) = xv[k];
+        }
+    }
+    __syncthreads();
+}
+
+/* ---- argmax / min across the grid: per-block partials, the last block to finish combines ------ */
+
+/* Called by every block after it wrote its partials for tokens [m0, m1). kind 1: target tokens
+ * (ctl->next, decode chain); 2: drafter step (ctl->drafts[step]); with_min: ctl->dmin too. */
+DEVN void finish_argmax(const g4c_params &p, int m0, int m1, int kind, int step, int with_min, int *flag) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) flag[0] = atomicAdd(&p.ctl->done_count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!flag[0]) return;
+    __threadfence();
+#pragma unroll 1
+    for (int m = m0 + (int)threadIdx.x; m < m1; m += G4C_THREADS) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+        for (unsigned b = 0; b < gridDim.x; b++) {
+            float v = lda(p.amax_part + (size_t)b * G4C_MAXB + m);
+            int i = ldi(p.amax_idx + (size_t)b * G4C_MAXB + m);
+            if (better(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        if (bi == INT_MAX) bi = 0; /* every value NaN: keep the chain on a valid id */
+        if (kind == 1) {
+            p.ctl->next[m] = bi;
+            if (p.chain && m == p.M - 1) {
+                p.ctl->tokens[0] = bi;
+                if (p.hist) p.hist[p.ctl->hist_n] = bi;
+                p.ctl->hist_n += 1;
+                p.ctl->pos += p.M;
+            }
+        } else {
+            p.ctl->drafts[step] = bi;
+        }
+    }
+    if (with_min && threadIdx.x == 0) {
+        float mn = INFINITY;
+        for (unsigned b = 0; b < gridDim.x; b++) mn = fminf(mn, lda(p.amin_part + b));
+        p.ctl->dmin = mn;
+    }
+    if (threadIdx.x == 0) p.ctl->done_count = 0;
+}
+
+/* warps' (value, index) for tokens m < mt of a tile -> this block's partials at [t0 + m] */
+DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0)
+        for (int m = 0; m < G4C_MT; m++) {
+            tl.bv[warp * G4C_MT + m] = bv[m];
+            tl.bi[warp * G4C_MT + m] = bi[m];
+        }
+    __syncthreads();
+    if ((int)threadIdx.x < mt) {
+        int m = threadIdx.x;
+        float v = -INFINITY;
+        int i = INT_MAX;
+        for (int w = 0; w < G4C_WARPS; w++)
+            if (better(tl.bv[w * G4C_MT + m], tl.bi[w * G4C_MT + m], v, i)) {
+                v = tl.bv[w * G4C_MT + m];
+                i = tl.bi[w * G4C_MT + m];
+            }
+        p.amax_part[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = v;
+        p.amax_idx[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = i;
+    }
+}
+
+/* ---- ops ------------------------------------------------------------------------------------------ */
+
+DEVN void op_embed(const g4c_op *op, const g4c_params &p) {
+    const int H = op->table.cols, M = p.M;
+    const size_t n = (size_t)M * H;
+#pragma unroll 1
+    for (size_t idx = (size_t)blockIdx.x * G4C_THREADS + threadIdx.x; idx < n; idx += (size_t)gridDim.x * G4C_THREADS) {
+        int m = (int)(idx / H), i = (int)(idx % H);
+        int tok = ldi(&p.ctl->tokens[m]);
+        op->out[(size_t)m * op->out_ld + i] = mat_at(op->table, tok, i) * op->scale;
+    }
+}
+
+/* A matmul stage's items: row pairs of each part (gate/up pairs: one row of each) */
+typedef struct {
+    int items[G4C_MAXPART], total, nparts, pair;
+} mm_shape;
+
+DEV mm_shape mm_shape_of(const g4c_op *op, const g4c_params &p) {
+    mm_shape sh;
+    sh.nparts = (op->lm && !p.want_logits) ? 0 : op->nparts;
+    sh.pair = op->epi == G4C_EPI_GELU_PAIR;
+    sh.total = 0;
+    for (int i = 0; i < G4C_MAXPART; i++) sh.items[i] = 0;
+    if (sh.pair) {
+        if (sh.nparts) sh.total = sh.items[0] = op->part[0].w.rows;
+    } else {
+#pragma unroll
+        for (int i = 0; i < G4C_MAXPART; i++) /* constant indices: the shape stays in registers */
+            if (i < sh.nparts) {
+                sh.items[i] = (op->part[i].w.rows + 1) / 2;
+                sh.total += sh.items[i];
+            }
+    }
+    return sh;
+}
+
+/* the rows of item it: part index, first row, whether a second row exists, row pointers */
+DEV int mm_item(const g4c_op *op, const mm_shape &sh, int it, int *r0, int *has1, const char **w0, const char **w1) {
+    int pi = 0, li = it;
+#pragma unroll
+    for (int q = 0; q + 1 < G4C_MAXPART; q++) /* constant indices: the shape stays in registers */
+        if (pi == q && li >= sh.items[q]) {
+            li -= sh.items[q];
+            pi = q + 1;
+        }
+    const g4c_mat &w = op->part[pi].w;
+    if (sh.pair) {
+        *r0 = li;
+        *has1 = 1;
+        *w0 = (const char *)w.data + (size_t)li * w.row_bytes;
+        *w1 = (const char *)op->part[1].w.data + (size_t)li * op->part[1].w.row_bytes;
+    } else {
+        *r0 = 2 * li;
+        *has1 = *r0 + 1 < w.rows;
+        *w0 = (const char *)w.data + (size_t)*r0 * w.row_bytes;
+        *w1 = *has1 ? *w0 + w.row_bytes : *w0;
+    }
+    return pi;
+}
+
+DEVR void mm_prefetch_item(const g4c_op *op, const mm_shape sh, int it) {
+    int r0, has1, pi;
+    const char *w0, *w1;
+    pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+    const long long rb = op->part[pi].w.row_bytes;
+    if (!sh.pair && has1) pf_l2(w0, 2 * rb);
+    else {
+        pf_l2(w0, rb);
+        if (has1) pf_l2(w1, sh.pair ? op->part[1].w.row_bytes : rb);
+    }
+}
+
+/* The first p.pf_items items of every row team of the matmul stage op (this block's teams) into
+ * L2: they stream in while the current stage and the barrier run. */
+DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp) {
+    if (p.pf_items <= 0 || op->kind != G4C_OP_MATMUL) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, S = op->split;
+    if (op->mma_ks) return; /* tensor-core stages: no L2 lookahead */
+    if (lane || warp % S || (only_warp >= 0 && warp != only_warp)) return;
+    const mm_shape sh = mm_shape_of(op, p);
+    const int tpb = G4C_WARPS / S, tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb;
+    for (int k = 0, it = tg; k < p.pf_items && it < sh.total; k++, it += nteams) mm_prefetch_item(op, sh, it);
+}
+
+/* The epilogue of one output (row r, token tm) of a non-pair matmul part: softcap or the PLE gate,
+ * then y (and the drafter's history copy y2); returns the stored value (argmax candidates). Both
+ * matmul procedures (mm_tile, mm_tile_mma) store through it. */
+DEV float mm_store(const g4c_op *op, const g4c_part *P0, int step, size_t tm, int r, float v) {
+    if (op->epi == G4C_EPI_SOFTCAP) v = op->cap * tanhf(v / op->cap);
+    else if (op->epi == G4C_EPI_PLE_GATE) v = gelu_tanh(v) * lda(op->ple + tm * op->ple_ld + r);
+    P0->y[(size_t)step * P0->y_step + tm * P0->ldy + r] = v;
+    if (P0->y2) P0->y2[(size_t)step * P0->y2_step + tm * P0->ldy + r] = v;
+    return v;
+}
+
+/* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
+ * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
+ * its accumulators in registers; the token count only decides how many accumulators exist, each
+ * sees the same operations. The row teams are those of blocks blk of nblk sharing this tile (every
+ * block, or the tile's group in the wide kernels: op_matmul). */
+template <int T, int MTT, int U8>
+DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk) {
+    const tail_t tl = tail_of(sm, p);
+    const mm_shape sh = mm_shape_of(op, p);
+    const int pair = sh.pair, total = sh.total, S = op->split;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
+    const int tg = blk * tpb + team, nteams = nblk * tpb;
+    const bool lead = j == 0, pf_self = p.pf_self != 0;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    int parity = 0;
+    float bv[G4C_MT];
+    int bi[G4C_MT];
+#pragma unroll
+    for (int m = 0; m < G4C_MT; m++) {
+        bv[m] = -INFINITY;
+        bi[m] = INT_MAX;
+    }
+#pragma unroll 1
+    for (int it = tg; it < total; it += nteams) {
+        int r0, has1;
+        const char *w0, *w1;
+        const int pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+        if (pf_self && lead && lane == 0 && it + nteams < total) mm_prefetch_item(op, sh, it + nteams);
+        const g4c_part *P0 = &op->part[pi];
+        float acc[2][G4C_MT];
+        dot2<T, MTT, U8>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol);
+        if (S > 1) { /* the team's warp sums, added in warp order by warp 0 */
+            float *tp = tl.tp + (size_t)parity * G4C_WARPS * 2 * G4C_MT;
+            parity ^= 1;
+            if (lane == 0)
+#pragma unroll
+                for (int m = 0; m < MTT; m++) {
+                    tp[(warp * 2 + 0) * G4C_MT + m] = acc[0][m];
+                    tp[(warp * 2 + 1) * G4C_MT + m] = acc[1][m];
+                }
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * S) : "memory");
+            if (lead && lane == 0)
+#pragma unroll
+                for (int m = 0; m < MTT; m++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        float v = tp[(warp * 2 + rr) * G4C_MT + m];
+                        for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
+                        acc[rr][m] = v;
+                    }
+        }
+        if (lead && lane == 0) {
+            float *y = P0->y + (size_t)step * P0->y_step;
+            const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                const size_t tm = (size_t)(t0 + m);
+                if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    if (m < mt && !pair && (rr == 0 || has1)) {
+                        const int r = r0 + rr;
+                        const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
+                        if (track && better(v, r, bv[m], bi[m])) {
+                            bv[m] = v;
+                            bi[m] = r;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+}
+
+template <unsigned TM, int MTT>
+DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk,
+                   int nblk) {
+    /* chunks per row loaded ahead in 5..8-token tiles (4-bit rows: half): 8 in the wide kernels and
+     * the dense-only ones, 4 where quantised code shares the register allocation. Measured on the
+     * H200 (same run, 4 -> 8 everywhere): prefill E2B bf16 1547 -> 1615 tok/s, qat-int4 990 -> 1117,
+     * E4B qat-int4 553 -> 650; verify k = 6 E2B bf16 3.20x -> 3.01x; but qat-int4 decode 281 -> 268
+     * (E2B) and 192 -> 182 (E4B), so the quantised decode kernels keep 4. */
+    constexpr int U8 = (TM & G4C_KM_WIDE) || !(TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 8 : 4;
+    switch (type) { /* types outside the instantiation's mask have no code here (session.cu kernel_mask) */
+    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    }
+}
+
+/* ---- tensor-core matmul (bf16 weights) ---------------------------------------------------------- */
+
+/* The other reduction procedure, for stages whose bf16 matrices the session uploaded in the tiled
+ * layout (program.h G4C_QF_TILED; op->mma_ks > 0), used for every M. An item is a 16-row tile and
+ * one of mma_ks K segments (>= 8 k-steps of 32 columns; a function of the shape), one warp each.
+ * Per k-step and 8 tokens, six m16n8k16 products accumulate into the warp's f32 fragment in a fixed
+ * order: the two 16-column slots, each against the input split exactly as x = h + m + l (three
+ * bf16s: products exact, the split within 2^-26 |x|). Segments' fragments are added in segment
+ * order by the tile's last warp to finish. Token n of a group is column n of the product, computed
+ * by the same datapath whatever the other columns hold, so a token's outputs do not depend on M or
+ * on its place in the tile (gpu_exact checks M = 1, 3, 7, 64 bitwise). */
+DEV void mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* (a, b) -> three bf16 pairs, x = h + m + l to within 2^-26 |x| (h = bf16(x), m = bf16(x - h),
+ * l = bf16(x - h - m); each difference is exact in f32): a in the low halves. Two terms (~2^-17)
+ * measured 8x the f32 path's logit error on the fixtures. */
+DEV unsigned bf16x2_rn(float a, float b) {
+    unsigned h;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(b), "f"(a));
+    return h;
+}
+DEV void split_bf16(float a, float b, unsigned &hi, unsigned &mid, unsigned &lo) {
+    hi = bf16x2_rn(a, b);
+    a = a - __uint_as_float(hi << 16);
+    b = b - __uint_as_float(hi & 0xffff0000u);
+    mid = bf16x2_rn(a, b);
+    a = a - __uint_as_float(mid << 16);
+    b = b - __uint_as_float(mid & 0xffff0000u);
+    lo = bf16x2_rn(a, b);
+}
+
+/* UU k-steps from ks0 of one item: every weight load first (2·UU·NP 16-byte loads in flight per
+ * lane), then per k-step and token group the input split and six products. Straight-line code:
+ * with a guard or a loop the compiler cannot unroll, the loaded fragments go to local memory, each
+ * spill store waits for its load, and the loads are no longer in flight together. */
+template <int UU, int NG, int NP>
+DEV void mma_ksteps(float (&c)[NG][NP][4], const char *const (&wr)[NP], int ks0, const float *sm, int ldk, int mt, int g,
+                    int t, unsigned long long pol) {
+    uint4 wa[UU][NP], wb[UU][NP];
+#pragma unroll
+    for (int u = 0; u < UU; u++)
+#pragma unroll
+        for (int f = 0; f < NP; f++) {
+            wa[u][f] = ld_w16(wr[f] + (size_t)(ks0 + u) * 1024, pol);
+            wb[u][f] = ld_w16(wr[f] + (size_t)(ks0 + u) * 1024 + 512, pol);
+        }
+#pragma unroll
+    for (int u = 0; u < UU; u++) {
+        const int ks = ks0 + u;
+#pragma unroll
+        for (int q = 0; q < NG; q++) {
+            const int m = 8 * q + g;
+            float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+            if (m < mt) {
+                const float *xp = sm + (size_t)m * ldk + px(32 * ks + 8 * t);
+                x0 = *reinterpret_cast<const float4 *>(xp);
+                x1 = *reinterpret_cast<const float4 *>(xp + 4);
+            }
+            unsigned h[4], md[4], l[4];
+            split_bf16(x0.x, x0.y, h[0], md[0], l[0]);
+            split_bf16(x0.z, x0.w, h[1], md[1], l[1]);
+            split_bf16(x1.x, x1.y, h[2], md[2], l[2]);
+            split_bf16(x1.z, x1.w, h[3], md[3], l[3]);
+#pragma unroll
+            for (int f = 0; f < NP; f++) {
+                const uint4 A = wa[u][f], B = wb[u][f];
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, h[0], h[1]);
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, md[0], md[1]);
+                mma_bf16(c[q][f], A.x, B.x, A.y, B.y, l[0], l[1]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, h[2], h[3]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, md[2], md[3]);
+                mma_bf16(c[q][f], A.z, B.z, A.w, B.w, l[2], l[3]);
+            }
+        }
+    }
+}
+enum { MMA_U = 4 }; /* k-steps per batch of loads (8 measured the same on the H200) */
+
+/* One input tile (tokens t0 .. t0+mt-1, mt <= 8·NG, the tile'th of the stage) of a tensor-core
+ * stage. Items are (16-row tile, K segment) pairs, one warp each; a segment's fragments go to
+ * p.mma_part and the last warp to finish a row tile (a counter per tile and row tile) adds the
+ * segments in segment order and runs the epilogue. */
+template <int NG, int NP>
+DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int tile) {
+    const mm_shape sh = mm_shape_of(op, p);
+    const int pair = NP == 2, KS = op->mma_ks;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nks = K / 32, seg = nks / KS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    int rtiles = 0;
+    if (sh.nparts) {
+        if (pair) rtiles = (op->part[0].w.rows + 15) / 16;
+        else
+            for (int i = 0; i < sh.nparts; i++) rtiles += (op->part[i].w.rows + 15) / 16;
+    }
+    const int total = rtiles * KS;
+    float bv[NG][2];
+    int bi[NG][2];
+#pragma unroll
+    for (int q = 0; q < NG; q++)
+        for (int c = 0; c < 2; c++) {
+            bv[q][c] = -INFINITY;
+            bi[q][c] = INT_MAX;
+        }
+#pragma unroll 1
+    for (int it = blockIdx.x + (int)gridDim.x * warp; it < total; it += (int)gridDim.x * G4C_WARPS) {
+        const int rt = it / KS, sg = it - rt * KS;
+        int pi = 0, li = rt;
+        if (!pair)
+            while (pi + 1 < sh.nparts && li >= (op->part[pi].w.rows + 15) / 16) li -= (op->part[pi++].w.rows + 15) / 16;
+        const g4c_part *P0 = &op->part[pi];
+        const int rows = P0->w.rows, r0 = 16 * li;
+        const char *wr[NP]; /* the tile's k-step blocks (program.h G4C_QF_TILED): this lane's row g at +0, row g+8 at +512 */
+#pragma unroll
+        for (int f = 0; f < NP; f++)
+            wr[f] = (const char *)op->part[f && pair ? 1 : pi].w.data + (size_t)li * nks * 1024 + 16 * lane;
+        float c[NG][NP][4];
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int f = 0; f < NP; f++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) c[q][f][e] = 0.0f;
+        const int ks_beg = sg * seg, ks_end = ks_beg + seg;
+        /* the segment's blocks are contiguous per matrix: into L2 ahead of the register loads below */
+        constexpr int U = NP == 1 ? MMA_U : (MMA_U / 2 > 0 ? MMA_U / 2 : 1);
+        if (lane == 0 && seg > U)
+#pragma unroll
+            for (int f = 0; f < NP; f++) pf_l2(wr[f] + (size_t)ks_beg * 1024, (long long)seg * 1024);
+        int ks0 = ks_beg;
+#pragma unroll 1
+        for (; ks0 + U <= ks_end; ks0 += U) mma_ksteps<U, NG, NP>(c, wr, ks0, sm, ldk, mt, g, t, pol);
+#pragma unroll 1
+        for (; ks0 < ks_end; ks0++) mma_ksteps<1, NG, NP>(c, wr, ks0, sm, ldk, mt, g, t, pol);
+        if (KS > 1) { /* this segment's fragments out; the row tile's last segment adds them all in order */
+            /* segment s's value of fragment element e of part f, token group q: [rt][s][f][token][16 rows] */
+            float *pb = p.mma_part + (size_t)rt * KS * 2 * 16 * p.mma_tokens;
+            auto slot = [&](int s2, int q, int f, int e) {
+                return pb + (((size_t)s2 * 2 + f) * p.mma_tokens + t0 + 8 * q + 2 * t + (e & 1)) * 16 + g + (e >> 1) * 8;
+            };
+#pragma unroll
+            for (int q = 0; q < NG; q++)
+#pragma unroll
+                for (int f = 0; f < NP; f++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (8 * q + 2 * t + (e & 1) < mt) *slot(sg, q, f, e) = c[q][f][e];
+            __threadfence();
+            __syncwarp();
+            int last = 0;
+            if (lane == 0) {
+                int *cnt = p.mma_cnt + (size_t)tile * G4C_MMA_MAXITEMS + rt;
+                last = atomicAdd(cnt, 1) == KS - 1;
+                if (last) *cnt = 0;
+            }
+            if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+            __threadfence();
+            /* the segments in order; SC segments' values loaded ahead of their adds */
+            constexpr int SC = 32 / (NG * NP * 4) > 0 ? 32 / (NG * NP * 4) : 1;
+#pragma unroll 1
+            for (int s0 = 0; s0 < KS; s0 += SC) {
+                constexpr int V = NG * NP * 4; /* this lane's values per segment, i = (q·NP + f)·4 + e */
+                float pv[SC * V];
+#pragma unroll
+                for (int i = 0; i < SC * V; i++) {
+                    const int k = i / V, q = i % V / (NP * 4), f = i % (NP * 4) / 4, e = i % 4;
+                    pv[i] = s0 + k < KS && 8 * q + 2 * t + (e & 1) < mt ? lda(slot(s0 + k, q, f, e)) : 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < SC * V; i++) {
+                    const int k = i / V, q = i % V / (NP * 4), f = i % (NP * 4) / 4, e = i % 4;
+                    if (s0 + k < KS) c[q][f][e] = s0 + k == 0 ? pv[i] : c[q][f][e] + pv[i];
+                }
+            }
+        }
+        /* epilogue: lane (g, t) holds rows r0+g, r0+g+8 of tokens 8q+2t, 8q+2t+1 */
+        float *y = P0->y + (size_t)step * P0->y_step;
+        const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 2 * t + (e & 1), m = 8 * q + col, r = r0 + g + (e >> 1) * 8;
+                if (m >= mt || r >= rows) continue;
+                const size_t tm = (size_t)(t0 + m);
+                if (pair) {
+                    y[tm * ldy + r] = gelu_tanh(c[q][0][e]) * c[q][NP - 1][e];
+                    continue;
+                }
+                const float val = mm_store(op, P0, step, tm, r, c[q][0][e]);
+                if (track && better(val, r, bv[q][e & 1], bi[q][e & 1])) {
+                    bv[q][e & 1] = val;
+                    bi[q][e & 1] = r;
+                }
+            }
+    }
+    if (amax) { /* per warp: reduce over g (lane bits 2..4); per block: over warps (a total order: any order) */
+        float *sv = sm + p.smem_in_floats - G4C_MMA_SCRATCH;
+        int *si = reinterpret_cast<int *>(sv + G4C_WARPS * 32);
+#pragma unroll
+        for (int q = 0; q < NG; q++)
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                float v = bv[q][cc];
+                int i = bi[q][cc];
+                for (int o = 4; o < 32; o <<= 1) {
+                    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+                    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+                    if (better(ov, oi, v, i)) {
+                        v = ov;
+                        i = oi;
+                    }
+                }
+                if (g == 0) {
+                    sv[warp * 32 + 8 * q + 2 * t + cc] = v;
+                    si[warp * 32 + 8 * q + 2 * t + cc] = i;
+                }
+            }
+        __syncthreads();
+        if ((int)threadIdx.x < mt) {
+            const int m = threadIdx.x;
+            float v = -INFINITY;
+            int i = INT_MAX;
+            for (int w = 0; w < G4C_WARPS; w++)
+                if (better(sv[w * 32 + m], si[w * 32 + m], v, i)) {
+                    v = sv[w * 32 + m];
+                    i = si[w * 32 + m];
+                }
+            p.amax_part[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = v;
+            p.amax_idx[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = i;
+        }
+    }
+    __syncthreads(); /* the argmax scratch may be part of the next tile */
+}
+
+/* ---- the prefill procedure: bf16 tensor cores over a prompt's tokens ----------------------------- */
+
+/* Launches of a prompt's tokens (p.fast) run the matmul stages whose weights are bf16 rows (fp_ks >
+ * 0) in two phases. First the stage's input rows, built exactly as for the other procedure
+ * (load_input: residual, norms, the writes the program needs), go to p.fp_x as three bf16 terms
+ * (x = h + m + l, within 2^-26 |x|: split_bf16), one token per block; a grid barrier; then the
+ * products. A block item is a band of 16-row tiles (two per warp: consecutive tiles of the stage's
+ * parts, or a gate/up pair's two), a block of G4C_FP_TB tokens and one of op->fp_ks K segments;
+ * the block copies the band's weights and its tokens' activation terms G4C_FP_KS k-steps at a time
+ * into shared memory (asynchronous copies, G4C_FP_NBUF chunks in flight), the weights in the
+ * layout of m16n8k16 A operands. Per 32 columns, 8 tokens and tile six products accumulate in a
+ * fixed order (both 16-column halves against h, m and l). With one segment the block stores the
+ * outputs; with more, each segment's fragments go to p.fp_part and, after another grid barrier,
+ * every block adds a share of them in segment order and stores those. A token is one column of the
+ * products, computed by the same datapath whatever the other columns hold, and the bands and
+ * segments are functions of the stage's shape, so a token's outputs do not depend on how many
+ * tokens the launch has or where it sits in them: a prompt's logits do not depend on the chunk
+ * size. They differ from the decode procedure's by rounding (the order of the sums), within the
+ * usual tolerance. */
+DEV void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* phase 1: token m's input row (one per block) -> p.fp_x as bf16 terms */
+DEVN void fp_prep(const g4c_op *op, const g4c_params &p, int step, float *sm, double *red) {
+    const int K = op->part[0].w.cols;
+    const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
+#pragma unroll 1
+    for (int m = blockIdx.x; m < p.M; m += gridDim.x) {
+        load_input(&op->in, K, m, 1, step, sm, red, p, true);
+        unsigned *h = reinterpret_cast<unsigned *>(p.fp_x + (size_t)m * p.fp_ld);
+        unsigned *md = reinterpret_cast<unsigned *>(p.fp_x + ts + (size_t)m * p.fp_ld);
+        unsigned *l = reinterpret_cast<unsigned *>(p.fp_x + 2 * ts + (size_t)m * p.fp_ld);
+#pragma unroll 1
+        for (int i = threadIdx.x; i < K / 2; i += G4C_THREADS) {
+            unsigned a, b, c;
+            split_bf16(sm[px(2 * i)], sm[px(2 * i + 1)], a, b, c);
+            h[i] = a;
+            md[i] = b;
+            l[i] = c;
+        }
+        __syncthreads(); /* the next row reuses sm */
+    }
+}
+
+/* the 16-row tile ti of a stage (gate/up pairs: of part `half`) -> part index and the tile's first row */
+DEV int fp_tile(const g4c_op *op, int nparts, bool pair, int half, int ti, int *r0) {
+    int pi = pair ? half : 0, li = ti;
+    if (!pair)
+        while (pi + 1 < nparts && li >= (op->part[pi].w.rows + 15) / 16) li -= (op->part[pi++].w.rows + 15) / 16;
+    *r0 = 16 * li;
+    return pi;
+}
+
+/* A block item's shared-memory chunk (G4C_FP_KS k-steps): the band's 16 tiles' weight rows, then
+ * the tokens' activation terms [term][token], every row G4C_FP_LDS bf16 long (16 bytes of padding:
+ * the 8 rows an ldmatrix phase reads fall in distinct banks). Fragments are read with ldmatrix, so
+ * they land in the registers of m16n8k16 operands as they are. G4C_FP_NBUF chunks in flight. */
+enum {
+    FP_WBYTES = 16 * 16 * G4C_FP_LDS * 2,                    /* 16 tiles' weight rows */
+    FP_XBYTES = G4C_FP_TERMS * G4C_FP_TB * G4C_FP_LDS * 2,   /* activation terms */
+    FP_BUF = FP_WBYTES + FP_XBYTES,
+};
+DEV void ldsm4(unsigned (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+/* the band's smem tile T (0..15) -> part, the tile's first row, whether it exists */
+DEV int fp_band_tile(const g4c_op *op, int nparts, bool pair, int rtiles, int band, int T, int *r0, bool *ok) {
+    const int ti = pair ? band * 8 + (T & 7) : band * 16 + T;
+    *ok = ti < rtiles;
+    return fp_tile(op, nparts, pair, pair ? T >> 3 : 0, *ok ? ti : 0, r0);
+}
+
+/* Per item, the band's 16 tiles as shared-memory table entries (filled by threads 0..15): the
+ * tile's first row, its row stride and the last row index that exists (relative) */
+typedef struct {
+    const char *base[16];
+    long long rb[16];
+    int last[16];
+} fp_tiles_t;
+
+/* chunk ks0 .. ks0+nk-1 (k-steps) of an item into buffer buf: weights of the band's 16 tiles and
+ * the tokens' terms, asynchronous copies (the caller commits the group) */
+DEV void fp_stage(const g4c_params &p, const fp_tiles_t &tt, char *buf, int t0, int mt, int ks0, int nk) {
+    const int tid = threadIdx.x;
+    unsigned short *ws = reinterpret_cast<unsigned short *>(buf);
+    /* weights: 16 tiles x 16 rows x 4·G4C_FP_KS pieces of 16 bytes */
+    constexpr int PR = 4 * G4C_FP_KS;
+#pragma unroll
+    for (int j = 0; j < 16 * 16 * PR / G4C_THREADS; j++) {
+        const int f = tid + j * G4C_THREADS, T = f / (16 * PR), r = f / PR % 16, c = f % PR;
+        if (c >= 4 * nk) continue;
+        cp16(ws + ((size_t)T * 16 + r) * G4C_FP_LDS + 8 * c, tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T] + (size_t)(32 * ks0 + 8 * c) * 2);
+    }
+    /* the terms of tokens t0 .. t0+mt-1 */
+    unsigned short *xs = reinterpret_cast<unsigned short *>(buf + FP_WBYTES);
+    const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
+#pragma unroll
+    for (int term = 0; term < G4C_FP_TERMS; term++) {
+        const unsigned short *src = p.fp_x + term * ts + (size_t)t0 * p.fp_ld + 32 * ks0;
+        unsigned short *dst = xs + (size_t)term * G4C_FP_TB * G4C_FP_LDS;
+#pragma unroll 1
+        for (int f = tid; f < mt * PR; f += G4C_THREADS) {
+            const int m = f / PR, c = f % PR;
+            if (c < 4 * nk) cp16(dst + (size_t)m * G4C_FP_LDS + 8 * c, src + (size_t)m * p.fp_ld + 8 * c);
+        }
+    }
+}
+
+/* one k-step (32 columns) of a staged chunk: this warp's tiles Ta, Tb against the token groups, four
+ * groups' fragments at a time; per (tile, group) the products in a fixed order: both 16-column
+ * halves, each against h, m and l (FULL: all G4C_FP_TB tokens, no guard) */
+template <bool FULL>
+DEV void fp_kstep(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, int Tb, int s, int mt, int lane) {
+    const unsigned short *ws = reinterpret_cast<const unsigned short *>(buf);
+    const unsigned short *xs = reinterpret_cast<const unsigned short *>(buf + FP_WBYTES);
+    const int mi = lane >> 3, rr = lane & 7;
+    unsigned a[2][2][4]; /* [tile][half] */
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+            ldsm4(a[i][hf], ws + ((size_t)(i ? Tb : Ta) * 16 + (mi & 1) * 8 + rr) * G4C_FP_LDS + 32 * s + 16 * hf + (mi >> 1) * 8);
+    constexpr int QB = 4;
+#pragma unroll
+    for (int q0 = 0; q0 < G4C_FP_TB / 8; q0 += QB) {
+        if (!FULL && 8 * q0 >= mt) break;
+        unsigned b[QB][G4C_FP_TERMS][4];
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+                ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+#pragma unroll
+                for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        if (FULL || 8 * (q0 + qq) < mt)
+                            mma_bf16(c[i][q0 + qq], a[i][hf][0], a[i][hf][1], a[i][hf][2], a[i][hf][3], b[qq][term][2 * hf],
+                                     b[qq][term][2 * hf + 1]);
+    }
+}
+
+/* the epilogue of token group q of this warp's two tiles (lane (g, t): rows r0+g, r0+g+8 of tokens
+ * 8q+2t, 8q+2t+1); pairs: gelu(gate) · up */
+DEV void fp_store(const g4c_op *op, int step, bool pair, const int (&pi)[2], const int (&r0)[2], const bool (&ok)[2], int t0, int mt,
+                  int q, const float (&v)[2][4], int g, int t) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!ok[i] || (pair && i)) continue;
+        const g4c_part *P = &op->part[pi[i]];
+        const int rows = P->w.rows;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = 8 * q + 2 * t + (e & 1), r = r0[i] + g + (e >> 1) * 8;
+            if (m >= mt || r >= rows) continue;
+            const size_t tm = (size_t)(t0 + m);
+            if (pair) P->y[(size_t)step * P->y_step + tm * P->ldy + r] = gelu_tanh(v[0][e]) * v[1][e];
+            else mm_store(op, P, step, tm, r, v[i][e]);
+        }
+    }
+}
+
+/* phase 2: the products (and, with one K segment, the epilogue); phase 3 (K split): after a grid
+ * barrier, every block adds segments' partials in segment order for its share of the outputs and
+ * runs their epilogue (NP 2: gate/up pairs) */
+template <int NP>
+DEVN void fp_gemm(const g4c_op *op, const g4c_params &p, int step, float *sm, unsigned long long bar, int &extra) {
+    constexpr bool pair = NP == 2;
+    constexpr int NG = G4C_FP_TB / 8, PER_BAND = pair ? G4C_WARPS : 2 * G4C_WARPS;
+    const mm_shape sh = mm_shape_of(op, p);
+    if (!sh.total) return;
+    const int K = op->part[0].w.cols, nks = K / 32, nch = (nks + G4C_FP_KS - 1) / G4C_FP_KS, KS = op->fp_ks;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int rtiles = 0;
+    for (int i = 0; i < (pair ? 1 : sh.nparts); i++) rtiles += (op->part[i].w.rows + 15) / 16;
+    const int bands = (rtiles + PER_BAND - 1) / PER_BAND, tblocks = (p.M + G4C_FP_TB - 1) / G4C_FP_TB;
+    const int total = bands * KS * tblocks;
+    const int Ta = pair ? warp : 2 * warp, Tb = pair ? warp + 8 : 2 * warp + 1; /* this warp's tiles in the band */
+    char *bufs = reinterpret_cast<char *>(sm);
+    fp_tiles_t *tt = reinterpret_cast<fp_tiles_t *>(bufs + (size_t)G4C_FP_NBUF * FP_BUF);
+#pragma unroll 1
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        /* token blocks fastest: blocks running at once share a band's weights through L2 */
+        const int tb = it % tblocks, rest = it / tblocks, sg = rest % KS, band = rest / KS;
+        const int t0 = tb * G4C_FP_TB, mt = min(G4C_FP_TB, p.M - t0);
+        const int cb = sg * nch / KS, ce = (sg + 1) * nch / KS; /* this segment's chunks */
+        const int ks_beg = cb * G4C_FP_KS, ks_end = min(ce * G4C_FP_KS, nks), n = ce - cb;
+        int pi[2], r0[2];
+        bool ok[2];
+        pi[0] = fp_band_tile(op, sh.nparts, pair, rtiles, band, Ta, &r0[0], &ok[0]);
+        pi[1] = fp_band_tile(op, sh.nparts, pair, rtiles, band, Tb, &r0[1], &ok[1]);
+        float c[2][NG][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int q = 0; q < NG; q++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) c[i][q][e] = 0.0f;
+        __syncthreads(); /* the buffers and the tile table are free (the previous item's last reads) */
+        if (threadIdx.x < 16) {
+            int rr;
+            bool okk;
+            const g4c_mat &w = op->part[fp_band_tile(op, sh.nparts, pair, rtiles, band, threadIdx.x, &rr, &okk)].w;
+            tt->base[threadIdx.x] = (const char *)w.data + (size_t)rr * w.row_bytes;
+            tt->rb[threadIdx.x] = w.row_bytes;
+            tt->last[threadIdx.x] = w.rows - 1 - rr;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < G4C_FP_NBUF - 1; b++) {
+            if (b < n)
+                fp_stage(p, *tt, bufs + (size_t)b * FP_BUF, t0, mt, ks_beg + b * G4C_FP_KS, min(G4C_FP_KS, ks_end - ks_beg - b * G4C_FP_KS));
+            cp_commit();
+        }
+#pragma unroll 1
+        for (int k = 0; k < n; k++) {
+            const int kn = k + G4C_FP_NBUF - 1;
+            if (kn < n)
+                fp_stage(p, *tt, bufs + (size_t)(kn % G4C_FP_NBUF) * FP_BUF, t0, mt, ks_beg + kn * G4C_FP_KS,
+                         min(G4C_FP_KS, ks_end - ks_beg - kn * G4C_FP_KS));
+            cp_commit();
+            asm volatile("cp.async.wait_group %0;" ::"n"(G4C_FP_NBUF - 1) : "memory");
+            __syncthreads();
+            const char *buf = bufs + (size_t)(k % G4C_FP_NBUF) * FP_BUF;
+            const int nk = min(G4C_FP_KS, ks_end - ks_beg - k * G4C_FP_KS);
+            if (mt == G4C_FP_TB && nk == G4C_FP_KS) {
+#pragma unroll
+                for (int s = 0; s < G4C_FP_KS; s++) fp_kstep<true>(c, buf, Ta, Tb, s, mt, lane);
+            } else {
+#pragma unroll 1
+                for (int s = 0; s < nk; s++) fp_kstep<false>(c, buf, Ta, Tb, s, mt, lane);
+            }
+            __syncthreads(); /* every warp is done with the buffer before it is staged again */
+        }
+        if (KS == 1) {
+#pragma unroll
+            for (int q = 0; q < NG; q++) {
+                const float v[2][4] = {{c[0][q][0], c[0][q][1], c[0][q][2], c[0][q][3]}, {c[1][q][0], c[1][q][1], c[1][q][2], c[1][q][3]}};
+                fp_store(op, step, pair, pi, r0, ok, t0, mt, q, v, g, t);
+            }
+        } else { /* this segment's fragments: [item][segment][warp][value][lane] */
+            float *mine = p.fp_part + ((size_t)(band * tblocks + tb) * KS + sg) * G4C_FP_SLOT + (size_t)warp * 64 * 32 + lane;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int q = 0; q < NG; q++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) mine[(size_t)((i * NG + q) * 4 + e) * 32] = c[i][q][e];
+        }
+    }
+    if (KS == 1) return;
+    grid_sync(p.ctl, bar, NULL, NULL);
+    extra++;
+    /* phase 3: a unit is (band, token block, warp slot, token group): 8 values per lane */
+    const int units = bands * tblocks * G4C_WARPS * NG;
+#pragma unroll 1
+    for (int u = blockIdx.x * G4C_WARPS + warp; u < units; u += gridDim.x * G4C_WARPS) {
+        const int q = u % NG, w = u / NG % G4C_WARPS, bt = u / (NG * G4C_WARPS), band = bt / tblocks, tb = bt % tblocks;
+        const int t0 = tb * G4C_FP_TB, mt = min(G4C_FP_TB, p.M - t0);
+        if (8 * q >= mt) continue;
+        const int ta = pair ? w : 2 * w, tbb = pair ? w + 8 : 2 * w + 1;
+        int pi[2], r0[2];
+        bool ok[2];
+        pi[0] = fp_band_tile(op, sh.nparts, pair, rtiles, band, ta, &r0[0], &ok[0]);
+        pi[1] = fp_band_tile(op, sh.nparts, pair, rtiles, band, tbb, &r0[1], &ok[1]);
+        const float *src = p.fp_part + (size_t)bt * KS * G4C_FP_SLOT + (size_t)w * 64 * 32 + lane;
+        float v[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 1
+        for (int s0 = 0; s0 < KS; s0 += 8) {
+            float x[8][2][4];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        x[k][i][e] = s0 + k < KS ? lda(src + (size_t)(s0 + k) * G4C_FP_SLOT + (size_t)((i * NG + q) * 4 + e) * 32) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (s0 + k < KS) v[i][e] = s0 + k == 0 ? x[k][i][e] : v[i][e] + x[k][i][e];
+        }
+        fp_store(op, step, pair, pi, r0, ok, t0, mt, q, v, g, t);
+    }
+}
+
+/* a matmul stage: its parts share one weight type (the host splits stages where they differ) */
+template <unsigned TM>
+DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, unsigned long long bar, int &extra) {
+    const tail_t tl = tail_of(sm, p);
+    if constexpr ((TM & G4C_KM_WIDE) != 0) {
+        if (p.fast && op->fp_ks > 0) { /* the prefill procedure: input terms, a grid barrier, the products */
+            fp_prep(op, p, step, sm, tl.red);
+            grid_sync(p.ctl, bar, NULL, NULL);
+            extra++;
+            if (op->epi == G4C_EPI_GELU_PAIR) fp_gemm<2>(op, p, step, sm, bar + gridDim.x, extra);
+            else fp_gemm<1>(op, p, step, sm, bar + gridDim.x, extra);
+            return;
+        }
+    } else {
+        (void)bar;
+        (void)extra;
+    }
+    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
+    const mm_shape sh = mm_shape_of(op, p);
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), type = op->part[0].w.type;
+    int amax = 0;
+    for (int i = 0; i < sh.nparts; i++)
+        if (op->part[i].argmax) amax = op->part[i].argmax;
+    const bool mma = (TM & G4C_KM_MMA) && op->mma_ks > 0;
+    int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
+    if (mt_cap > (mma ? G4C_MMA_MT : G4C_MT)) mt_cap = mma ? G4C_MMA_MT : G4C_MT;
+    const int warp = threadIdx.x >> 5, ntiles = (M - m_begin + mt_cap - 1) / mt_cap;
+    /* The wide kernels give each token tile of a stage its own group of blocks (the last group
+     * takes the remainder), so a block builds one input tile instead of every one; the rows'
+     * arithmetic does not depend on which block or team computes them. Not for tensor-core stages
+     * (their segment counters assume every block) or argmax stages (every block's partials). */
+    int blk = blockIdx.x, nblk = gridDim.x, ti0 = 0, tstep = 1;
+    if constexpr ((TM & G4C_KM_WIDE) != 0) {
+        if (!mma && !amax && ntiles > 1 && (int)gridDim.x >= ntiles) {
+            const int gb = gridDim.x / ntiles;
+            ti0 = min((int)blockIdx.x / gb, ntiles - 1);
+            blk = blockIdx.x - ti0 * gb;
+            nblk = ti0 == ntiles - 1 ? gridDim.x - ti0 * gb : gb;
+            tstep = ntiles;
+        }
+    }
+    for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
+        const int mt = min(mt_cap, M - t0);
+        const long long ci = p.trace ? clock64() : 0;
+        for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
+            const int sub = min(G4C_MT, mt - m0);
+            float *base = sm + (size_t)m0 * ldk;
+            if (sub > 1 && op->in.kind != G4C_IN_CONCAT &&
+                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats)
+                load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0);
+            else
+                load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0);
+        }
+        if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
+        if constexpr ((TM & G4C_KM_MMA) != 0) {
+            if (sh.total && mma) {
+                const int tile = (t0 - m_begin) / mt_cap;
+                if (sh.pair) { /* 8 tokens per product: one group, or up to G4C_MMA_MT / 8 */
+                    if (mt <= 8) mm_tile_mma<1, 2>(op, p, step, sm, t0, mt, amax, tile);
+                    else mm_tile_mma<G4C_MMA_MT / 8, 2>(op, p, step, sm, t0, mt, amax, tile);
+                } else {
+                    if (mt <= 8) mm_tile_mma<1, 1>(op, p, step, sm, t0, mt, amax, tile);
+                    else mm_tile_mma<G4C_MMA_MT / 8, 1>(op, p, step, sm, t0, mt, amax, tile);
+                }
+            }
+        }
+        if (sh.total && !mma) {
+            if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+            else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+            else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+        }
+        if (t0 + tstep * mt_cap >= M && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, warp);
+        __syncthreads();
+    }
+    if (amax) finish_argmax(p, m_begin, M, amax, step, 0, tl.flag);
+}
+
+/* (cos, sin) of pos · inv[i] when the session has no table for this kind (out of line: rare) */
+DEVR float2 rope_angle(const double *inv_f, int i, int pos) {
+    const double ang = (double)pos * __ldg(inv_f + i);
+    return make_float2((float)cos(ang), (float)sin(ang));
+}
+
+/* One warp: y = rms_w(w)(x) over d (w NULL: weightless), then RoPE at pos when rope, with (cos, sin)
+ * from the session's table cs[pos][i] (or computed from inv_f). x may be y. Every global load is
+ * issued before the first is used, and the code is short: a stage that runs once per layer pays for
+ * fetching its instructions. */
+DEVN void warp_norm_rope(const float *x, float *y, const float *w, int d, int rope, int R, const double *inv_f,
+                         const float *cs, int pos, float eps, float *buf) {
+    const int lane = threadIdx.x & 31, half = d / 2, d4 = d / 4;
+    constexpr int N4 = G4C_MAXD / 128, NP = G4C_MAXD / 64;
+    float4 r[N4], wv[N4];
+    float2 cv[NP];
+#pragma unroll
+    for (int k = 0; k < N4; k++) {
+        const int c = lane + 32 * k;
+        r[k] = c < d4 ? lda4(x + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        wv[k] = w && c < d4 ? __ldg(reinterpret_cast<const float4 *>(w) + c) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    }
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        const int i = lane + 32 * k;
+        cv[k] = rope && cs && i < R && i < half ? __ldg(reinterpret_cast<const float2 *>(cs) + (size_t)pos * R + i)
+                                                : make_float2(1.0f, 0.0f);
+    }
+    double ss = 0;
+#pragma unroll
+    for (int k = 0; k < N4; k++)
+        ss += sq4(r[k]);
+    const float inv = rms_inv(warp_sum_d(ss), d, eps);
+#pragma unroll
+    for (int k = 0; k < N4; k++) {
+        const int c = lane + 32 * k;
+        if (c < d4)
+            reinterpret_cast<float4 *>(buf)[c] =
+                make_float4(r[k].x * inv * wv[k].x, r[k].y * inv * wv[k].y, r[k].z * inv * wv[k].z, r[k].w * inv * wv[k].w);
+    }
+    __syncwarp();
+    if (rope) {
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            const int i = lane + 32 * k;
+            if (i >= half) continue;
+            const float a = buf[i], b = buf[i + half];
+            if (i < R) {
+                const float2 t = cs ? cv[k] : rope_angle(inv_f, i, pos);
+                y[i] = a * t.x - b * t.y;
+                y[i + half] = b * t.x + a * t.y;
+            } else {
+                y[i] = a;
+                y[i + half] = b;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N4; k++) {
+            const int c = lane + 32 * k;
+            if (c < d4) reinterpret_cast<float4 *>(y)[c] = reinterpret_cast<const float4 *>(buf)[c];
+        }
+    }
+    __syncwarp();
+}
+
+/* Where token m's (position pq) normed K and V rows of KV head h go: the cache slot in direct mode,
+ * else the staging rows the commit copies */
+DEV void kv_dest(const g4c_op *op, const g4c_params &p, int m, int pq, int h, float **kd, float **vd) {
+    const size_t row = (size_t)op->n_kv * op->d;
+    const size_t at = (p.direct ? (size_t)(pq % op->cap_rows) : (size_t)m) * row + (size_t)h * op->d;
+    *kd = (p.direct ? op->kc : op->kst) + at;
+    *vd = (p.direct ? op->vc : op->vst) + at;
+}
+
+DEVN void op_heads(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, own = op->qkv_own;
+    const int Mq = op->drafter ? 1 : p.M, per = nH + (own ? 2 * nkv : 0), row = nkv * d;
+    const int warp = threadIdx.x >> 5;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    float *buf = sm + warp * G4C_MAXD;
+#pragma unroll 1
+    for (int it = gw; it < Mq * per; it += nw) {
+        const int m = it / per, j = it % per, pq = op->drafter ? p.qpos : pos0 + m;
+        if (j < nH) {
+            float *q = op->q + (size_t)m * nH * d + (size_t)j * d;
+            warp_norm_rope(q, q, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+            continue;
+        }
+        const int h = (j - nH) % nkv, is_v = j - nH >= nkv;
+        const float *kr = op->kraw + (size_t)m * row + (size_t)h * d;
+        const float *vr = op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)h * d;
+        float *kd, *vd;
+        kv_dest(op, p, m, pq, h, &kd, &vd);
+        if (is_v) warp_norm_rope(vr, vd, NULL, d, 0, 0, NULL, NULL, 0, p.eps, buf); /* v: the raw k on K=V layers */
+        else warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+    }
+}
+
+/* the chunk range of query position pq */
+DEV void attn_range(const g4c_op *op, int pq, int *lo, int *c_first, int *nch) {
+    int l = op->is_full ? 0 : max(0, pq - op->window + 1);
+    *lo = l;
+    *c_first = l / G4C_KCHUNK;
+    *nch = pq / G4C_KCHUNK - l / G4C_KCHUNK + 1;
+}
+
+DEV const float *kv_row(const float *stage, const float *cache, int cap, int stage_from, int j, int row) {
+    return j >= stage_from ? stage + (size_t)(j - stage_from) * row : cache + (size_t)(j % cap) * row;
+}
+
+/* One query head whose keys span nch > 1 chunks: its partials (base, chunk stride `stride`)
+ * combined in chunk order into att (d elements), a thread per element. */
+DEV void attn_combine(const float *base, size_t stride, int nch, int d, float *att) {
+#pragma unroll 1
+    for (int e = threadIdx.x; e < d; e += G4C_THREADS) {
+        float mx = -INFINITY;
+#pragma unroll 8
+        for (int ci = 0; ci < nch; ci++) mx = fmaxf(mx, lda(base + ci * stride));
+        float s = 0.0f, o = 0.0f;
+#pragma unroll 1
+        for (int c0 = 0; c0 < nch; c0 += 8) { /* loads first, then the sums in chunk order */
+            float cm[8], cs[8], ca[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float *pc = base + (size_t)(c0 + u) * stride;
+                cm[u] = c0 + u < nch ? lda(pc) : 0.0f;
+                cs[u] = c0 + u < nch ? lda(pc + 1) : 0.0f;
+                ca[u] = c0 + u < nch ? lda(pc + 2 + e) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (c0 + u < nch) {
+                    float w = expf(cm[u] - mx);
+                    s = s + cs[u] * w;
+                    o = o + ca[u] * w;
+                }
+            }
+        }
+        att[e] = o / s;
+    }
+}
+
+/* The prefill kernels' attention (WIDE). First (when the stage norms and ropes itself, op->heads)
+ * every query head and every own K/V row of the launch is normed and roped once, a warp each
+ * (warp_norm_rope, as the decode kernels' items do it): queries into p.qn, K/V rows into staging
+ * where op_heads would store them; a grid barrier. Then one item per (KV head, tokens, key chunk),
+ * the tokens as many as fill the block's warps with (token, query head) pairs: the chunk's K/V
+ * rows are copied into shared memory once and each warp runs a pair from start to end without
+ * block barriers: the scores (a warp per key, lanes over float4s of the head, the butterfly), the
+ * softmax (lane j holds key j), the V sums (lane l owns elements l, l+32, ... in key order), the
+ * output or the chunk partial, and, as the last of the pair's chunks to finish, the combine in
+ * chunk order. Every value gets the operations the decode kernels' items give it (op_attn), in
+ * the same order, so a token's attention is bitwise the same in either kind of kernel. */
+DEV void attn_tokens_range(const g4c_op *op, int pos0, int M, int m0, int tq, int *c_lo, int *c_hi) {
+    int lo, cf, nch;
+    attn_range(op, pos0 + m0, &lo, &cf, &nch);
+    *c_lo = cf;
+    attn_range(op, pos0 + min(M, m0 + tq) - 1, &lo, &cf, &nch);
+    *c_hi = cf + nch - 1;
+}
+DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x, d4 = d / 4;
+    const bool pre = op->heads != 0;
+    if (pre) { /* the launch's queries and own K/V rows, normed and roped once */
+        const int per = nH + (op->qkv_own ? 2 * nkv : 0);
+        float *buf = sm + (size_t)warp * G4C_MAXD;
+#pragma unroll 1
+        for (int u = blockIdx.x * G4C_WARPS + warp; u < p.M * per; u += gridDim.x * G4C_WARPS) {
+            const int m = u / per, r = u - m * per, pq = pos0 + m;
+            if (r < nH) {
+                const size_t at = (size_t)m * nH * d + (size_t)r * d;
+                warp_norm_rope(op->q + at, p.qn + at, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+            } else {
+                const int g = (r - nH) >> 1;
+                float *kd, *vd;
+                kv_dest(op, p, m, pq, g, &kd, &vd);
+                const float *kr = op->kraw + (size_t)m * row + (size_t)g * d;
+                if (((r - nH) & 1) == 0)
+                    warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+                else
+                    warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)g * d, vd, NULL, d, 0, 0, NULL, NULL, 0,
+                                   p.eps, buf);
+            }
+        }
+        grid_sync(p.ctl, bar, NULL, NULL);
+        extra++;
+    }
+    const int stage_from = (p.direct || !op->kst) ? INT_MAX : pos0;
+    const float *qsrc0 = pre ? p.qn : op->q;
+    const int tq = max(1, G4C_WARPS / group), ntg = (p.M + tq - 1) / tq;
+    int per_g = 0; /* items per KV head: each token group's chunks */
+    for (int tg = 0; tg < ntg; tg++) {
+        int a, b;
+        attn_tokens_range(op, pos0, p.M, tg * tq, tq, &a, &b);
+        per_g += b - a + 1;
+    }
+    const int total = nkv * per_g;
+    float *ks = sm, *vsm = ks + (size_t)G4C_KCHUNK * d, *qw = vsm + (size_t)G4C_KCHUNK * d + (size_t)warp * d;
+#pragma unroll 1
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        const int g = it / per_g;
+        int rest = it - g * per_g, tg = 0, c = 0;
+        for (;; tg++) {
+            int a, b;
+            attn_tokens_range(op, pos0, p.M, tg * tq, tq, &a, &b);
+            if (rest <= b - a) {
+                c = a + rest;
+                break;
+            }
+            rest -= b - a + 1;
+        }
+        const int m0 = tg * tq, m1 = min(p.M, m0 + tq);
+        int lo0, cf0, nch0;
+        attn_range(op, pos0 + m0, &lo0, &cf0, &nch0);
+        const int K0 = max(lo0, c * G4C_KCHUNK), K1 = min(pos0 + m1 - 1, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = K1 - K0 + 1;
+        { /* the chunk's rows K0..K1 (cache, or this launch's staging), all copies in flight at once */
+            const int rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+            const size_t off = (size_t)g * d + 4 * c4;
+#pragma unroll 1
+            for (int j = j0 < rpp ? j0 : n; j < n; j += rpp) {
+                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, K0 + j, row) + off);
+                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, K0 + j, row) + off);
+            }
+            cp_wait();
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int pr = warp; pr < (m1 - m0) * group; pr += G4C_WARPS) {
+            const int m = m0 + pr / group, hh = pr % group, pq = pos0 + m;
+            int lo, cf, nch;
+            attn_range(op, pq, &lo, &cf, &nch);
+            const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1);
+            if (k0 > k1) continue; /* this token does not see the chunk */
+            const int nk = k1 - k0 + 1, jb = k0 - K0, ci = c - cf;
+            const float *qsrc = qsrc0 + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+            for (int c4 = lane; c4 < d4; c4 += 32) reinterpret_cast<float4 *>(qw)[c4] = lda4(qsrc + 4 * c4);
+            __syncwarp();
+            float sj = -INFINITY; /* lane j: key k0 + j's score; AK keys at a time (independent chains) */
+            constexpr int AK = 8;
+#pragma unroll 1
+            for (int j0 = 0; j0 < nk; j0 += AK) {
+                float a[AK];
+#pragma unroll
+                for (int u = 0; u < AK; u++) a[u] = 0.0f;
+#pragma unroll 1
+                for (int c4 = lane; c4 < d4; c4 += 32) {
+                    const float4 q = *reinterpret_cast<const float4 *>(qw + 4 * c4);
+#pragma unroll
+                    for (int u = 0; u < AK; u++) {
+                        if (j0 + u >= nk) continue;
+                        const float4 kv = *reinterpret_cast<const float4 *>(ks + (size_t)(jb + j0 + u) * d + 4 * c4);
+                        a[u] = fmaf(q.x, kv.x, a[u]);
+                        a[u] = fmaf(q.y, kv.y, a[u]);
+                        a[u] = fmaf(q.z, kv.z, a[u]);
+                        a[u] = fmaf(q.w, kv.w, a[u]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < AK; u++) {
+                    const float v = warp_sum_f(a[u]);
+                    if (lane == j0 + u) sj = v;
+                }
+            }
+            float mx = lane < nk ? fmaxf(-INFINITY, sj) : -INFINITY;
+            mx = warp_max_f(mx);
+            const float e = lane < nk ? expf(sj - mx) : 0.0f;
+            float s = lane < nk ? 0.0f + e : 0.0f;
+            s = warp_sum_f(s);
+            float *att = op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+            float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
+            /* V sums: lane l's elements l + 32i, each a chain in key order */
+            constexpr int NE = G4C_MAXD / 32;
+            float o[NE];
+#pragma unroll
+            for (int i = 0; i < NE; i++) o[i] = 0.0f;
+#pragma unroll 1
+            for (int j = 0; j < nk; j++) {
+                const float w = __shfl_sync(0xffffffffu, e, j);
+                const float *vr = vsm + (size_t)(jb + j) * d;
+#pragma unroll
+                for (int i = 0; i < NE; i++)
+                    if (lane + 32 * i < d) o[i] = fmaf(w, vr[lane + 32 * i], o[i]);
+            }
+#pragma unroll
+            for (int i = 0; i < NE; i++) {
+                const int el = lane + 32 * i;
+                if (el >= d) continue;
+                if (nch == 1) att[el] = o[i] / s;
+                else part[2 + el] = o[i];
+            }
+            if (nch > 1) { /* the last of the pair's chunks to finish combines them in chunk order */
+                if (lane == 0) {
+                    part[0] = mx;
+                    part[1] = s;
+                }
+                __threadfence();
+                __syncwarp();
+                int last = 0;
+                int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
+                if (lane == 0) last = atomicAdd(cnt, 1) == nch - 1;
+                last = __shfl_sync(0xffffffffu, last, 0);
+                if (last) {
+                    __threadfence();
+                    const size_t stride = (size_t)group * (d + 2);
+                    const float *base = part - (size_t)ci * stride;
+                    float cmx = -INFINITY; /* the max over the chunks (exact in any order) */
+#pragma unroll 1
+                    for (int q0 = 0; q0 < nch; q0 += 32)
+                        if (q0 + lane < nch) cmx = fmaxf(cmx, lda(base + (size_t)(q0 + lane) * stride));
+                    cmx = warp_max_f(cmx);
+                    float ss = 0.0f; /* then the sums in chunk order, 8 chunks' loads at a time */
+#pragma unroll
+                    for (int i = 0; i < NE; i++) o[i] = 0.0f;
+#pragma unroll 1
+                    for (int q0 = 0; q0 < nch; q0 += 8) {
+                        float w[8], cs[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++) {
+                            const bool ok = q0 + u < nch;
+                            w[u] = ok ? lda(base + (size_t)(q0 + u) * stride) : 0.0f;
+                            cs[u] = ok ? lda(base + (size_t)(q0 + u) * stride + 1) : 0.0f;
+                        }
+#pragma unroll
+                        for (int i0 = 0; i0 < NE; i0 += 8) {
+                            if (32 * i0 >= d) break;
+                            float ca[8][8];
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+#pragma unroll
+                                for (int i = 0; i < 8; i++)
+                                    ca[u][i] = q0 + u < nch && lane + 32 * (i0 + i) < d
+                                                   ? lda(base + (size_t)(q0 + u) * stride + 2 + lane + 32 * (i0 + i))
+                                                   : 0.0f;
+                            if (i0 == 0)
+#pragma unroll
+                                for (int u = 0; u < 8; u++) {
+                                    if (q0 + u >= nch) continue;
+                                    w[u] = expf(w[u] - cmx);
+                                    ss = ss + cs[u] * w[u];
+                                }
+#pragma unroll
+                            for (int u = 0; u < 8; u++)
+#pragma unroll
+                                for (int i = 0; i < 8; i++)
+                                    if (q0 + u < nch) o[i0 + i] = o[i0 + i] + ca[u][i] * w[u];
+                        }
+                    }
+#pragma unroll
+                    for (int i = 0; i < NE; i++)
+                        if (lane + 32 * i < d) att[lane + 32 * i] = o[i] / ss;
+                    if (lane == 0) *cnt = 0; /* ready for the next layer */
+                }
+            }
+            __syncwarp(); /* qw is the next pair's */
+        }
+        __syncthreads(); /* the staged rows are the next item's */
+    }
+}
+
+/* Attention (the decode kernels; the wide kernels take attn_items_tokens): one work item per
+ * (token, KV head, key chunk, query head of the group), so a short context still spreads over many
+ * blocks. The item's query, K and V rows go to shared memory first
+ * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
+ * head, then the butterfly), the softmax a warp, the V sums a thread per element in key order. */
+template <bool WIDE>
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
+    if constexpr (WIDE) {
+        if (!op->drafter && op->n_heads > op->n_kv) {
+            attn_items_tokens(op, p, pos0, sm, bar, extra);
+            return;
+        }
+    } else {
+        (void)bar;
+        (void)extra;
+    }
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
+    const int Mq = op->drafter ? 1 : p.M;
+    const int stage_from = (op->drafter || p.direct || !op->kst) ? INT_MAX : pos0;
+    /* fused heads: the block's own rows (positions from raw_from) come from kraw / vraw */
+    const int raw_from = op->heads && op->qkv_own ? pos0 : INT_MAX;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    int total = 0;
+    for (int m = 0; m < Mq; m++) {
+        int lo, cf, nch;
+        attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
+        total += nkv * nch * group;
+    }
+    float *qs = sm, *sc = sm + d, *stat = sc + G4C_KCHUNK; /* stat: max, sum */
+    float *ks = stat + 4; /* the chunk's K rows [n][d], then its V rows [n][d] */
+    const tail_t tl = tail_of(sm, p);
+#pragma unroll 1
+    for (int it = blockIdx.x; it < total; it += gridDim.x) {
+        int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
+        for (;; m++) {
+            pq = op->drafter ? p.qpos : pos0 + m;
+            attn_range(op, pq, &lo, &cf, &nch);
+            if (rest < nkv * nch * group) break;
+            rest -= nkv * nch * group;
+        }
+        const int g = rest / (nch * group), ci = rest / group % nch, hh = rest % group, c = cf + ci;
+        const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
+        const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+        float *vsm = ks + (size_t)n * d;
+        const long long tstart = p.trace ? clock64() : 0;
+        {
+            const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+            const size_t off = (size_t)g * d + 4 * c4;
+            const int nc = min(n, raw_from - k0); /* rows copied; the rest are computed below */
+            if (tid < d4 && !op->heads) cp16(qs + 4 * tid, qsrc + 4 * tid);
+#pragma unroll 1
+            for (int j = j0 < rpp ? j0 : nc; j < nc; j += rpp) { /* every copy in flight at once */
+                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
+                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
+            }
+            if (op->heads) { /* op_heads' arithmetic (warp_norm_rope), into shared memory: the query,
+                                then K and V of each own row, a warp per vector */
+                const int nv = 1 + 2 * max(0, n - max(nc, 0));
+#pragma unroll 1
+                for (int v = warp; v < nv; v += G4C_WARPS) {
+                    if (v == 0) {
+                        warp_norm_rope(qsrc, qs, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, qs);
+                        continue;
+                    }
+                    const int j = max(nc, 0) + (v - 1) / 2, mj = k0 + j - pos0;
+                    const float *kr = op->kraw + (size_t)mj * row + (size_t)g * d;
+                    if ((v - 1) % 2 == 0)
+                        warp_norm_rope(kr, ks + (size_t)j * d, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, k0 + j, p.eps,
+                                       ks + (size_t)j * d);
+                    else /* v: the raw k on K=V layers */
+                        warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)mj * row + (size_t)g * d, vsm + (size_t)j * d, NULL, d, 0,
+                                       0, NULL, NULL, 0, p.eps, vsm + (size_t)j * d);
+                }
+            }
+            cp_wait();
+        }
+        __syncthreads();
+        if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
+        if (op->heads && op->qkv_own && hh == 0 && k1 == pq) { /* this token's K/V row, as op_heads stores it */
+            float *kd, *vd;
+            kv_dest(op, p, m, pq, g, &kd, &vd);
+#pragma unroll 1
+            for (int e = tid; e < d; e += G4C_THREADS) {
+                kd[e] = ks[(size_t)(n - 1) * d + e];
+                vd[e] = vsm[(size_t)(n - 1) * d + e];
+            }
+        }
+#pragma unroll 1
+        for (int j = warp; j < n; j += G4C_WARPS) {
+            const float *kr = ks + (size_t)j * d;
+            float a = 0.0f;
+#pragma unroll 1
+            for (int c4 = lane; c4 < d / 4; c4 += 32) {
+                const float4 kv = *reinterpret_cast<const float4 *>(kr + 4 * c4);
+                const float4 q = *reinterpret_cast<const float4 *>(qs + 4 * c4);
+                a = fmaf(q.x, kv.x, a);
+                a = fmaf(q.y, kv.y, a);
+                a = fmaf(q.z, kv.z, a);
+                a = fmaf(q.w, kv.w, a);
+            }
+            a = warp_sum_f(a);
+            if (lane == 0) sc[j] = a;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float mx = -INFINITY;
+#pragma unroll 1
+            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sc[j]);
+            mx = warp_max_f(mx);
+            float s = 0.0f;
+#pragma unroll 1
+            for (int j = lane; j < n; j += 32) {
+                float e = expf(sc[j] - mx);
+                sc[j] = e;
+                s += e;
+            }
+            s = warp_sum_f(s);
+            if (lane == 0) {
+                stat[0] = mx;
+                stat[1] = s;
+            }
+        }
+        __syncthreads();
+        float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
+#pragma unroll 1
+        for (int e = tid; e < d; e += G4C_THREADS) {
+            float o = 0.0f;
+#pragma unroll 4
+            for (int j = 0; j < n; j++) o = fmaf(sc[j], vsm[(size_t)j * d + e], o); /* in key order */
+            if (nch == 1) op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o / stat[1];
+            else part[2 + e] = o;
+        }
+        if (nch > 1) { /* the last of the head's chunks to finish combines them (no separate stage) */
+            if (tid == 0) {
+                part[0] = stat[0];
+                part[1] = stat[1];
+            }
+            __threadfence();
+            __syncthreads();
+            int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
+            if (tid == 0) tl.flag[1] = atomicAdd(cnt, 1) == nch - 1;
+            __syncthreads();
+            if (tl.flag[1]) {
+                __threadfence();
+                const size_t stride = (size_t)group * (d + 2);
+                attn_combine(part - (size_t)ci * stride, stride, nch, d, op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d);
+                if (tid == 0) *cnt = 0; /* ready for the next layer */
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* per-layer inputs: ple[m][l] = (rms_w(norm)(raw[m][l] * hs) + E_ple[tok][l] * tscale) * r2, in place */
+DEVN void op_ple(const g4c_op *op, const g4c_params &p) {
+    const int L = op->L, P = op->P, M = p.M;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+#pragma unroll 1
+    for (int it = gw; it < M * L; it += nw) {
+        const int m = it / L, l = it % L, tok = ldi(&p.ctl->tokens[m]);
+        float *pl = op->out + (size_t)m * op->out_ld + (size_t)l * P;
+        float a[16];
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int i = lane + 32 * k;
+            a[k] = 0.0f;
+            if (i < P) {
+                a[k] = lda(pl + i) * op->scale;
+                ss += (double)a[k] * a[k];
+            }
+        }
+        float inv = rms_inv(warp_sum_d(ss), P, p.eps);
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int i = lane + 32 * k;
+            if (i < P) {
+                float y = a[k] * inv * ldv(op->vec + i);
+                pl[i] = (y + mat_at(op->table, tok, l * P + i) * op->scale3) * op->scale2;
+            }
+        }
+    }
+}
+
+/* MoE router (a thread per token: E and top-k are small) and the experts' input x2 */
+DEVR void op_moe_route(const g4c_op *op, const g4c_params &p, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int E = op->E, K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
+#pragma unroll 1
+    for (int m = blockIdx.x; m < M; m += gridDim.x) {
+        if (tid == 0) {
+            float *pr = sm;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int e = 0; e < E; e++) {
+                pr[e] = lda(op->router_logits + (size_t)m * E + e);
+                mx = pr[e] > mx ? pr[e] : mx;
+            }
+            for (int e = 0; e < E; e++) sum += (pr[e] = expf(pr[e] - mx));
+            for (int e = 0; e < E; e++) pr[e] /= sum;
+            int *top = op->top_e + (size_t)m * K;
+            float *tw = op->top_w + (size_t)m * K, tsum = 0.0f;
+            int chosen[64];
+            for (int k = 0; k < K; k++) {
+                int best = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < k && !taken; q++) taken = chosen[q] == e;
+                    if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+                }
+                chosen[k] = best;
+                tsum += pr[best];
+            }
+            for (int k = 0; k < K; k++) {
+                top[k] = chosen[k];
+                tw[k] = pr[chosen[k]] / tsum * ldv(op->expert_scale + chosen[k]);
+            }
+        }
+        const float *x1 = op->x1 + (size_t)m * H;
+        double ss = 0;
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            double a = lda(x1 + i);
+            ss += a * a;
+        }
+        float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) op->x2[(size_t)m * H + i] = lda(x1 + i) * inv * ldv(op->pre2_w + i);
+        __syncthreads();
+    }
+}
+
+/* The top-k experts of every token: gate/up pairs over x2 (ex_pair) or down over their output. */
+template <int T>
+DEVT void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int evict_first) {
+    const unsigned long long pol = l2_policy(evict_first);
+    const int K = op->topk, Im = op->Im, H = op->H, pair = op->ex_pair;
+    const int rpt = pair ? 1 : K, kin = pair ? H : Im;
+    const int per_k = pair ? Im : (H + 1) / 2, per_tok = K * per_k;
+    const g4c_mat &w = op->ew;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+#pragma unroll 1
+    for (int it = gw; it < mt * per_tok; it += nw) {
+        const int m = it / per_tok, rest = it % per_tok, k = rest / per_k, li = rest % per_k;
+        const int e = ldi(op->top_e + (size_t)(t0 + m) * K + k);
+        const float *x = sm + ((size_t)m * rpt + (pair ? 0 : k)) * ldk;
+        const char *w0, *w1;
+        int r0 = li, has1 = 1;
+        if (pair) {
+            w0 = (const char *)w.data + ((size_t)e * 2 * Im + li) * w.row_bytes;
+            w1 = (const char *)w.data + ((size_t)e * 2 * Im + Im + li) * w.row_bytes;
+        } else {
+            r0 = 2 * li;
+            has1 = r0 + 1 < H;
+            w0 = (const char *)w.data + ((size_t)e * H + r0) * w.row_bytes;
+            w1 = has1 ? w0 + w.row_bytes : w0;
+        }
+        float acc[2][G4C_MT];
+        dot2<T, 1>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc, pol);
+        if (lane == 0) {
+            const size_t mk = (size_t)(t0 + m) * K + k;
+            if (pair) {
+                op->ex_out[mk * Im + li] = gelu_tanh(acc[0][0]) * acc[1][0];
+            } else {
+                op->ex_out[mk * H + r0] = acc[0][0];
+                if (has1) op->ex_out[mk * H + r0 + 1] = acc[1][0];
+            }
+        }
+    }
+}
+
+template <unsigned TM>
+DEVT void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
+    const int K = op->topk, Im = op->Im, H = op->H, M = p.M, pair = op->ex_pair;
+    const int kin = pair ? H : Im, rpt = pair ? 1 : K;
+    const int ldk = G4C_TILE_LD(kin);
+    int mt_cap = p.smem_in_floats / (ldk * rpt);
+    if (mt_cap > G4C_MT) mt_cap = G4C_MT;
+    for (int t0 = 0; t0 < M; t0 += mt_cap) {
+        const int mt = min(mt_cap, M - t0);
+        const float *src = op->ex_in + (size_t)t0 * rpt * kin;
+        for (int r = 0; r < mt * rpt; r++)
+#pragma unroll 1
+            for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
+        __syncthreads();
+        switch (op->ew.type) {
+        case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) expert_tile<G4C_F16>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) expert_tile<G4C_Q8>(op, sm, t0, mt, ldk, p.evict_first); break;
+        case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) expert_tile<G4C_Q4>(op, sm, t0, mt, ldk, p.evict_first); break;
+        default: if constexpr ((TM & (1u << G4C_F32)) != 0) expert_tile<G4C_F32>(op, sm, t0, mt, ldk, p.evict_first); break;
+        }
+        __syncthreads();
+    }
+}
+
+/* f = rms_w(post1)(dense) + rms_w(post2)(sum_k w_k expert_k), the sum in rank order */
+DEVR void op_moe_combine(const g4c_op *op, const g4c_params &p, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int K = op->topk, H = op->H, M = p.M, tid = threadIdx.x;
+    float *dn = sm, *o = sm + H;
+#pragma unroll 1
+    for (int m = blockIdx.x; m < M; m += gridDim.x) {
+        float *f = op->f + (size_t)m * H;
+        double ss = 0;
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            dn[i] = lda(f + i);
+            ss += (double)dn[i] * dn[i];
+        }
+        float inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) dn[i] = dn[i] * inv * ldv(op->post1_w + i);
+        ss = 0;
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++)
+                acc = acc + lda(op->top_w + (size_t)m * K + k) * lda(op->ex_res + ((size_t)m * K + k) * H + i);
+            o[i] = acc;
+            ss += (double)acc * acc;
+        }
+        inv = rms_inv(block_sum_d(ss, tl.red), H, p.eps);
+#pragma unroll 1
+        for (int i = tid; i < H; i += G4C_THREADS) f[i] = dn[i] + o[i] * inv * ldv(op->post2_w + i);
+        __syncthreads();
+    }
+}
+
+/* drafter centroid head, step 1: the top-k clusters (block 0; lower index on ties) */
+DEVR void op_cent_topk(const g4c_op *op, const g4c_params &p, float *sm) {
+    if (blockIdx.x != 0) return;
+    const tail_t tl = tail_of(sm, p);
+    const int C = op->C, K = op->topk, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    float *cv = sm;
+#pragma unroll 1
+    for (int i = tid; i < C; i += G4C_THREADS) {
+        cv[i] = lda(op->cent + i);
+        op->cflag[i] = 0;
+    }
+    __syncthreads();
+    for (int k = 0; k < K; k++) {
+        float bv = -INFINITY;
+        int bi = INT_MAX;
+#pragma unroll 1
+        for (int i = tid; i < C; i += G4C_THREADS)
+            if (cv[i] > -INFINITY && better(cv[i], i, bv, bi)) {
+                bv = cv[i];
+                bi = i;
+            }
+        for (int o = 16; o; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(v2, i2, bv, bi)) {
+                bv = v2;
+                bi = i2;
+            }
+        }
+        if (lane == 0) {
+            tl.bv[warp] = bv;
+            tl.bi[warp] = bi;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (int w = 1; w < G4C_WARPS; w++)
+                if (better(tl.bv[w], tl.bi[w], bv, bi)) {
+                    bv = tl.bv[w];
+                    bi = tl.bi[w];
+                }
+            if (bi == INT_MAX) bi = 0;
+            op->cidx[k] = bi;
+            op->cflag[bi] = 1;
+            cv[bi] = -INFINITY;
+        }
+        __syncthreads();
+    }
+}
+
+/* one token, any weight type (the drafter's centroid head: off the decode path) */
+DEVR void dot2_one(const g4c_mat &w, const char *w0, const char *w1, int K, const float *x, int ldx, float (&acc)[2][G4C_MT]) {
+    const unsigned long long pol = l2_policy(0); /* the drafter's embedding rows: gathered, may repeat */
+    switch (w.type) {
+    case G4C_BF16: dot2<G4C_BF16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_F16: dot2<G4C_F16, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_Q8: dot2<G4C_Q8, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    case G4C_Q4: dot2<G4C_Q4, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    default: dot2<G4C_F32, 1>(w0, w1, w, K, x, ldx, 1, 0, 1, acc, pol); break;
+    }
+}
+
+/* step 2: score the chosen clusters' tokens against y; min and argmax over them */
+DEVR void op_cent_score(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+    const tail_t tl = tail_of(sm, p);
+    const int h = op->emb_d.cols, per = op->per, n = op->topk * per, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int gw = blockIdx.x * G4C_WARPS + warp, nw = gridDim.x * G4C_WARPS;
+    float *logits = op->logits + (size_t)step * op->V;
+#pragma unroll 1
+    for (int i = tid; i < h; i += G4C_THREADS) sm[px(i)] = lda(op->y + i);
+    __syncthreads();
+    float bv[G4C_MT], mn = INFINITY;
+    int bi[G4C_MT];
+#pragma unroll
+    for (int m = 0; m < G4C_MT; m++) {
+        bv[m] = -INFINITY;
+        bi[m] = INT_MAX;
+    }
+#pragma unroll 1
+    for (int it = gw; it < (n + 1) / 2; it += nw) {
+        const int j0 = 2 * it, j1 = j0 + 1, has1 = j1 < n;
+        const int t0 = __ldg(op->order + (size_t)ldi(op->cidx + j0 / per) * per + j0 % per);
+        const int t1 = has1 ? __ldg(op->order + (size_t)ldi(op->cidx + j1 / per) * per + j1 % per) : t0;
+        const char *w0 = (const char *)op->emb_d.data + (size_t)t0 * op->emb_d.row_bytes;
+        const char *w1 = (const char *)op->emb_d.data + (size_t)t1 * op->emb_d.row_bytes;
+        float acc[2][G4C_MT];
+        dot2_one(op->emb_d, w0, w1, h, sm, G4C_TILE_LD(h), acc);
+        if (lane == 0) {
+            logits[t0] = acc[0][0];
+            mn = fminf(mn, acc[0][0]);
+            if (better(acc[0][0], t0, bv[0], bi[0])) {
+                bv[0] = acc[0][0];
+                bi[0] = t0;
+            }
+            if (has1) {
+                logits[t1] = acc[1][0];
+                mn = fminf(mn, acc[1][0]);
+                if (better(acc[1][0], t1, bv[0], bi[0])) {
+                    bv[0] = acc[1][0];
+                    bi[0] = t1;
+                }
+            }
+        }
+    }
+    if (lane == 0) tl.mn[warp] = mn;
+    block_argmax_store(p, tl, bv, bi, 0, 1);
+    if (tid == 0) {
+        float m2 = INFINITY;
+        for (int w = 0; w < G4C_WARPS; w++) m2 = fminf(m2, tl.mn[w]);
+        p.amin_part[blockIdx.x] = m2;
+    }
+    finish_argmax(p, 0, 1, 2, step, 1, tl.flag);
+}
+
+/* step 3 (only when the logits are wanted): every unscored token gets min - 1 */
+DEVR void op_cent_fill(const g4c_op *op, const g4c_params &p, int step) {
+    if (!p.want_logits) return;
+    const float fill = lda(&p.ctl->dmin) - 1.0f;
+    float *logits = op->logits + (size_t)step * op->V;
+#pragma unroll 1
+    for (int t = blockIdx.x * G4C_THREADS + threadIdx.x; t < op->V; t += gridDim.x * G4C_THREADS)
+        if (!ldi(op->cflag + __ldg(op->cluster_of + t))) logits[t] = fill;
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------------ */
+
+static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 4 * 4 * G4C_WARPS * G4C_MT <= 4096,
+              "reduction scratch overlaps the stage copies");
+static_assert((256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16) % 8 == 0 && 2 * 8 * G4C_WARPS * G4C_MT <= 4 * 4 * G4C_WARPS * G4C_MT,
+              "load_rows' double sums do not fit the team-partials scratch");
+static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
+static_assert(sizeof(fp_tiles_t) <= 512, "the prefill procedure's tile table exceeds the room session.cu keeps for it");
+
+template <unsigned TM>
+__global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_constant__ g4c_params p) {
+    extern __shared__ __align__(16) float sm[];
+    const tail_t tl = tail_of(sm, p);
+    const int pos0 = ldi(&p.ctl->pos);
+    /* the barrier counter at the start of this launch (see grid_sync); thread 0 alone waits on it */
+    const unsigned long long bar0 = threadIdx.x == 0 ? __ldcg(&p.ctl->bar) / gridDim.x * gridDim.x : 0;
+    const bool local = p.op_local != 0, tr = p.trace != NULL && threadIdx.x == 0;
+    unsigned long long *trace = tr ? p.trace + (size_t)blockIdx.x * 4 : NULL;
+    const size_t tstride = (size_t)gridDim.x * 4;
+    if (local) { /* stage 0's copy */
+#pragma unroll 1
+        for (int i = threadIdx.x; i < (int)(sizeof(g4c_op) / 4); i += G4C_THREADS)
+            reinterpret_cast<int *>(tl.ops)[i] = __ldg(reinterpret_cast<const int *>(p.ops) + i);
+        __syncthreads();
+    }
+    int k = 0;     /* stages run so far in this launch */
+    int extra = 0; /* grid barriers within stages so far (the wide kernels' prefill procedure) */
+    constexpr bool wide = (TM & G4C_KM_WIDE) != 0;
+    for (int step = 0; step < p.n_steps; step++) {
+        for (int s = 0; s < p.n_ops; s++, k++) {
+            const g4c_op *op = local ? tl.ops + (k & 1) : p.ops + s;
+            long long c0 = 0;
+            if (op->kind != G4C_OP_MATMUL && op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, -1);
+#pragma unroll 1
+            for (int r = 0; r <= p.rep; r++) {
+                if (r) __syncthreads();
+                if (tr) {
+                    trace[0] = global_ns();
+                    c0 = clock64();
+                    tl.flag[2] = 0;
+                }
+                if (p.skip & op->cls) continue;
+                switch (op->kind) {
+                case G4C_OP_EMBED: op_embed(op, p); break;
+                case G4C_OP_MATMUL:
+                    op_matmul<TM>(op, p, step, sm, wide ? bar0 + (unsigned long long)(k + 1 + extra) * gridDim.x : 0ull, extra);
+                    break;
+                case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
+                case G4C_OP_ATTN:
+                    op_attn<wide>(op, p, pos0, sm, wide ? bar0 + (unsigned long long)(k + 1 + extra) * gridDim.x : 0ull, extra);
+                    break;
+                case G4C_OP_PLE: op_ple(op, p); break;
+                case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
+                case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
+                case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
+                case G4C_OP_CENT_TOPK: op_cent_topk(op, p, sm); break;
+                case G4C_OP_CENT_SCORE: op_cent_score(op, p, step, sm); break;
+                case G4C_OP_CENT_FILL: op_cent_fill(op, p, step); break;
+                default: break;
+                }
+            }
+            if (p.trace) { /* the whole block waits (a barrier inside `if (tr)` would hang: only thread 0 reaches it) */
+                __syncthreads();
+                if (tr) {
+                    trace[1] = global_ns();
+                    trace[2] = (unsigned long long)tl.flag[2];
+                    trace[3] = (unsigned long long)(clock64() - c0);
+                    trace += tstride;
+                }
+            }
+            const bool more = s + 1 < p.n_ops || step + 1 < p.n_steps;
+            if (more)
+                grid_sync(p.ctl, bar0 + (unsigned long long)(k + 1 + (wide ? extra : 0)) * gridDim.x,
+                          local ? p.ops + (s + 1 < p.n_ops ? s + 1 : 0) : NULL,
+                          tl.ops + ((k + 1) & 1));
+        }
+    }
+}
+
+/* the instantiation's kernel as a host pointer for the launch table (forward.cu) */
+template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_kernel<TM>; }
+#endif
