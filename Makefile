@@ -77,9 +77,15 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(BUILD)/libg4.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libg4.a $(LDLIBS)
 
 # The README's test command: the whole suite, optimised and then under ASan + UBSan.
-test: test-fast sanitize
+# (the build itself runs one job per CPU: the kernel instantiations are the long pole; the two
+# passes run one after the other)
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
+test:
+	$(MAKE) test-fast
+	$(MAKE) sanitize
 
-test-fast: all
+test-fast:
+	$(MAKE) -j$(NPROC) all
 	bash tests/run.sh $(BUILD)
 
 sanitize:
