@@ -27,7 +27,7 @@ case $mode in
       strip --strip-debug -o "$G/$NAME/$b" "$BUILD/$b"
     done
     for l in libcjson.so.1 libedit.so.2 libbsd.so.0 libmd.so.0 libtinfo.so.6; do
-      p=$(ldconfig -p | awk -v l="$l" '$1 == l { print $NF; exit }')
+      p=$(ldconfig -p | awk -v l="$l" '$1 == l && !p { p = $NF } END { if (p) print p }')
       if [ -n "$p" ]; then cp -L "$p" "$G/lib/$l"; else echo "gpu_prep: $l not found"; fi
     done
     tar -C "$G/.." -cJf "$G/$NAME.tar.xz" ".gpu/$NAME"

@@ -100,6 +100,9 @@ DEV void pf_l2(const void *p, long long bytes) {
 DEV void cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
+DEV void cp4(void *dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
 DEV void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 DEV int px(int i) { return i + ((i >> 5) << 2); } /* padded input-tile index (program.h) */
@@ -242,7 +245,7 @@ template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, floa
 }
 
 /* Quantised codes become exact floats as 2^23 + q (q in the low mantissa bits) minus 2^23 and the
- * zero point. */
+ * zero point (signed codes) or the centre (affine codes, whose bias absorbs it). */
 /* acc[r][m] = w_r · x_m (r < 2) for team warp j of S. Lane l of warp j owns 16-byte chunks
  * 32j + l, 32j + l + 32S, ... in ascending order, one fmaf accumulator per (row, token); then the
  * xor butterfly (the caller adds the S warp sums in order). The unroll U only groups loads ahead
@@ -279,8 +282,11 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                     const int g = c * E / wm.group;
                     s0[u] = q_param(w0, wm.sc_off, wm.stype, g);
                     s1[u] = q_param(w1, wm.sc_off, wm.stype, g);
-                    b0[u] = bias ? q_param(w0, wm.bi_off, wm.stype, g) : 0.0f;
-                    b1[u] = bias ? q_param(w1, wm.bi_off, wm.stype, g) : 0.0f;
+                    /* affine codes are centred (q - 8 / q - 128, exact) and the bias takes the
+                     * shift: b' = b + z s, so s·d and b'·Σx do not cancel */
+                    constexpr float zc = T == G4C_Q8 ? 128.0f : 8.0f;
+                    b0[u] = bias ? fmaf(zc, s0[u], q_param(w0, wm.bi_off, wm.stype, g)) : 0.0f;
+                    b1[u] = bias ? fmaf(zc, s1[u], q_param(w1, wm.bi_off, wm.stype, g)) : 0.0f;
                 }
             }
         }
@@ -346,7 +352,9 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                             b1 = (ww1[el >> 3] >> sh) & 0x0F0F0F0Fu;
                             sel = (el & 7) >> 1;
                         }
-                        const float z = T == G4C_Q8 ? (sgn ? 8388736.0f : 8388608.0f) : (sgn ? 8388616.0f : 8388608.0f);
+                        /* signed and affine codes: 2^23 + q - (2^23 + 128 | 8); unsigned without a
+                         * bias: 2^23 + q - 2^23 */
+                        const float z = T == G4C_Q8 ? (sgn || bias ? 8388736.0f : 8388608.0f) : (sgn || bias ? 8388616.0f : 8388608.0f);
                         f0[i] = __uint_as_float(__byte_perm(b0, 0x4B000000u, 0x7540u + sel)) - z;
                         f1[i] = __uint_as_float(__byte_perm(b1, 0x4B000000u, 0x7540u + sel)) - z;
                     }
@@ -1169,6 +1177,13 @@ DEVN void fp_prep(const g4c_op *op, const g4c_params &p, int step, float *sm, do
             md[i] = b;
             l[i] = c;
         }
+        if (op->part[0].w.flags & G4C_QF_BIAS) /* affine codes: the sum of each k-step's 32 inputs */
+#pragma unroll 1
+            for (int ks = threadIdx.x; ks < K / 32; ks += G4C_THREADS) {
+                float sx = 0.0f;
+                for (int i = 0; i < 32; i++) sx = sx + sm[px(32 * ks + i)];
+                p.fp_sx[(size_t)m * (p.fp_ld / 32) + ks] = sx;
+            }
         __syncthreads(); /* the next row reuses sm */
     }
 }
@@ -1217,13 +1232,18 @@ typedef struct {
 DEV void fp_stage(const g4c_params &p, const fp_tiles_t &tt, char *buf, int t0, int mt, int ks0, int nk) {
     const int tid = threadIdx.x;
     unsigned short *ws = reinterpret_cast<unsigned short *>(buf);
-    /* weights: 16 tiles x 16 rows x 4·G4C_FP_KS pieces of 16 bytes */
+    /* weights: 16 tiles x 16 rows x 4·G4C_FP_KS pieces of 16 bytes (nk < 0: the terms of -nk
+     * k-steps only, quantised weights having been staged by fp_stage_q) */
     constexpr int PR = 4 * G4C_FP_KS;
+    if (nk > 0) {
 #pragma unroll
-    for (int j = 0; j < 16 * 16 * PR / G4C_THREADS; j++) {
-        const int f = tid + j * G4C_THREADS, T = f / (16 * PR), r = f / PR % 16, c = f % PR;
-        if (c >= 4 * nk) continue;
-        cp16(ws + ((size_t)T * 16 + r) * G4C_FP_LDS + 8 * c, tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T] + (size_t)(32 * ks0 + 8 * c) * 2);
+        for (int j = 0; j < 16 * 16 * PR / G4C_THREADS; j++) {
+            const int f = tid + j * G4C_THREADS, T = f / (16 * PR), r = f / PR % 16, c = f % PR;
+            if (c >= 4 * nk) continue;
+            cp16(ws + ((size_t)T * 16 + r) * G4C_FP_LDS + 8 * c, tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T] + (size_t)(32 * ks0 + 8 * c) * 2);
+        }
+    } else {
+        nk = -nk;
     }
     /* the terms of tokens t0 .. t0+mt-1 */
     unsigned short *xs = reinterpret_cast<unsigned short *>(buf + FP_WBYTES);
@@ -1278,6 +1298,161 @@ DEV void fp_kstep(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, int 
     }
 }
 
+/* Quantised weights (Q4 / Q8 rows, program.h) in the prefill procedure: a chunk stages each row's
+ * codes as they are, plus the 4-byte words holding its scale (and bias) for each k-step and, for
+ * affine codes, the tokens' input sums per k-step (fp_prep). A fragments are built from the codes
+ * as exact bf16 integers q - z; per k-step, 8 tokens and tile the six products go to a fresh
+ * fragment that is then added as c += s·d (+ b·Σx): the decode procedure's per-chunk form, with
+ * the same fixed order for every token. Layout of the weight region: */
+template <int WT> struct fpq {
+    static constexpr int CB = WT == G4C_Q4 ? 16 : 32;       /* code bytes per row and k-step */
+    static constexpr int LD = CB * G4C_FP_KS + 16;          /* staged row stride (bytes) */
+    static constexpr int SC = 256 * LD;                     /* scale words [row][k-step] */
+    static constexpr int BI = SC + 256 * G4C_FP_KS * 4;     /* bias words */
+    static constexpr int SX = BI + 256 * G4C_FP_KS * 4;     /* input sums [token][k-step] */
+    static constexpr int END = SX + G4C_FP_TB * G4C_FP_KS * 4;
+};
+static_assert(fpq<G4C_Q8>::END <= FP_WBYTES && fpq<G4C_Q4>::END <= FP_WBYTES, "quantised chunk fits the weight region");
+
+template <int WT>
+DEV void fp_stage_q(const g4c_params &p, const fp_tiles_t &tt, const g4c_mat &wm, char *buf, int t0, int mt, int ks0, int nk) {
+    using L = fpq<WT>;
+    const int tid = threadIdx.x;
+    constexpr int PR = L::CB * G4C_FP_KS / 16; /* 16-byte pieces per row */
+    const int pv = nk * L::CB / 16;
+#pragma unroll
+    for (int j = 0; j < 256 * PR / G4C_THREADS; j++) {
+        const int f = tid + j * G4C_THREADS, row = f / PR, c = f % PR, T = row >> 4, r = row & 15;
+        if (c < pv) cp16(buf + row * L::LD + 16 * c, tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T] + (size_t)ks0 * L::CB + 16 * c);
+    }
+    const bool bias = (wm.flags & G4C_QF_BIAS) != 0;
+    const int ss = wm.stype == G4C_S_F32 ? 4 : 2;
+#pragma unroll
+    for (int j = 0; j < 256 * G4C_FP_KS / G4C_THREADS; j++) {
+        const int f = tid + j * G4C_THREADS, row = f / G4C_FP_KS, sk = f % G4C_FP_KS, T = row >> 4, r = row & 15;
+        if (sk >= nk) continue;
+        const char *rp = tt.base[T] + (size_t)min(r, tt.last[T]) * tt.rb[T];
+        const int grp = 32 * (ks0 + sk) / wm.group;
+        cp4(buf + L::SC + 4 * f, rp + ((wm.sc_off + grp * ss) & ~3));
+        if (bias) cp4(buf + L::BI + 4 * f, rp + ((wm.bi_off + grp * ss) & ~3));
+    }
+    if (bias)
+#pragma unroll 1
+        for (int f = tid; f < mt * G4C_FP_KS; f += G4C_THREADS) {
+            const int m = f / G4C_FP_KS, sk = f % G4C_FP_KS;
+            if (sk < nk) cp4(buf + L::SX + 4 * f, p.fp_sx + (size_t)(t0 + m) * (p.fp_ld / 32) + ks0 + sk);
+        }
+}
+
+/* a scale or bias from the staged aligned word holding the one at row byte offset off */
+DEV float fpq_param(unsigned w, int off, int stype) {
+    if (stype == G4C_S_F32) return __uint_as_float(w);
+    const unsigned h = (off & 2) ? w >> 16 : w & 0xFFFFu;
+    return stype == G4C_S_F16 ? f16f(h) : bf16f(h);
+}
+/* two 4-bit codes (byte: low nibble the even column) -> bf16x2 (q - z), exact */
+DEV unsigned q4_pair(unsigned x, unsigned negz) {
+    const unsigned v = (x & 0xFu) | ((x & 0xF0u) << 12) | 0x43004300u; /* 128 + q, exact in bf16 */
+    unsigned d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(negz));
+    return d;
+}
+/* two 8-bit codes (the low two bytes of x) -> bf16x2 (q - z), exact (|q - z| <= 255); signed codes
+ * are read as int8 (flipped, z = 128), affine ones centred (z = 128, their bias moved by 128 s) */
+DEV unsigned q8_pair(unsigned x, bool sgn, bool centre) {
+    const unsigned y = x ^ (sgn ? 0x8080u : 0u);
+    const float z = sgn || centre ? 8388736.0f : 8388608.0f;
+    return bf16x2_rn(__uint_as_float(__byte_perm(y, 0x4B000000u, 0x7540u)) - z,
+                     __uint_as_float(__byte_perm(y, 0x4B000000u, 0x7541u)) - z);
+}
+
+/* one k-step (absolute index ks) of a staged quantised chunk; fragments as fp_kstep */
+template <bool FULL, int WT>
+DEV void fp_kstep_q(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, int Tb, int s, int ks, int mt, int lane,
+                    const g4c_mat &wm) {
+    using L = fpq<WT>;
+    const unsigned short *xs = reinterpret_cast<const unsigned short *>(buf + FP_WBYTES);
+    const int g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
+    const bool sgn = (wm.flags & G4C_QF_SIGNED) != 0, bias = (wm.flags & G4C_QF_BIAS) != 0;
+    const int grp = 32 * ks / wm.group, ss = wm.stype == G4C_S_F32 ? 4 : 2;
+    const int so = wm.sc_off + grp * ss, bo = wm.bi_off + grp * ss;
+    /* affine codes are centred (q - 8, q - 128) and their bias moved to b + z·s: s·Σ(q - z)x and
+     * (b + z·s)·Σx cancel far less than s·Σqx and b·Σx (with q in 0..15 the two terms are ~8x the
+     * result, and the tensor cores' f32 sums round each) */
+    const unsigned negz = sgn || bias ? 0xC308C308u : 0xC300C300u; /* -(128 + z) in bf16, z = 8 or 0 */
+    const float zc = WT == G4C_Q4 ? 8.0f : 128.0f;
+    unsigned a[2][2][4]; /* [tile][half] */
+    float sc[2][2], bs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; h2++) {
+            const int row = (i ? Tb : Ta) * 16 + g + 8 * h2;
+            const char *rp = buf + row * L::LD + s * L::CB;
+            if constexpr (WT == G4C_Q4) { /* columns 16hf + 2t (+1): byte t of words 2hf; + 8: of words 2hf + 1 */
+                const uint4 w = *reinterpret_cast<const uint4 *>(rp);
+                const unsigned sel = (unsigned)t | ((unsigned)(t + 4) << 4);
+                const unsigned u0 = __byte_perm(w.x, w.y, sel), u1 = __byte_perm(w.z, w.w, sel);
+                a[i][0][h2] = q4_pair(u0, negz);
+                a[i][0][2 + h2] = q4_pair(u0 >> 8, negz);
+                a[i][1][h2] = q4_pair(u1, negz);
+                a[i][1][2 + h2] = q4_pair(u1 >> 8, negz);
+            } else { /* columns 16hf + 2t (+1): half t & 1 of word 4hf + t/2; + 8: of word 4hf + 2 + t/2 */
+                const unsigned *rw = reinterpret_cast<const unsigned *>(rp) + (t >> 1);
+                const int sh = 16 * (t & 1);
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                    for (int k2 = 0; k2 < 2; k2++) a[i][hf][2 * k2 + h2] = q8_pair(rw[4 * hf + 2 * k2] >> sh, sgn, bias);
+            }
+            const unsigned *sw = reinterpret_cast<const unsigned *>(buf + L::SC) + row * G4C_FP_KS + s;
+            sc[i][h2] = fpq_param(*sw, so, wm.stype);
+            if (bias)
+                bs[i][h2] = fmaf(zc, sc[i][h2], fpq_param(*reinterpret_cast<const unsigned *>(buf + L::BI + 4 * (row * G4C_FP_KS + s)), bo, wm.stype));
+        }
+    const float *sxs = reinterpret_cast<const float *>(buf + L::SX);
+    constexpr int QB = 4;
+#pragma unroll
+    for (int q0 = 0; q0 < G4C_FP_TB / 8; q0 += QB) {
+        if (!FULL && 8 * q0 >= mt) break;
+        unsigned b[QB][G4C_FP_TERMS][4];
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+                ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+        float d[2][QB][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) d[i][qq][e] = 0.0f;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int term = 0; term < G4C_FP_TERMS; term++)
+#pragma unroll
+                for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        if (FULL || 8 * (q0 + qq) < mt)
+                            mma_bf16(d[i][qq], a[i][hf][0], a[i][hf][1], a[i][hf][2], a[i][hf][3], b[qq][term][2 * hf],
+                                     b[qq][term][2 * hf + 1]);
+#pragma unroll
+        for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (FULL || 8 * (q0 + qq) < mt) {
+                        float &cv = c[i][q0 + qq][e];
+                        cv = fmaf(sc[i][e >> 1], d[i][qq][e], cv);
+                        if (bias) cv = fmaf(bs[i][e >> 1], sxs[(8 * (q0 + qq) + 2 * t + (e & 1)) * G4C_FP_KS + s], cv);
+                    }
+    }
+}
+
 /* the epilogue of token group q of this warp's two tiles (lane (g, t): rows r0+g, r0+g+8 of tokens
  * 8q+2t, 8q+2t+1); pairs: gelu(gate) · up */
 DEV void fp_store(const g4c_op *op, int step, bool pair, const int (&pi)[2], const int (&r0)[2], const bool (&ok)[2], int t0, int mt,
@@ -1301,9 +1476,10 @@ DEV void fp_store(const g4c_op *op, int step, bool pair, const int (&pi)[2], con
 /* phase 2: the products (and, with one K segment, the epilogue); phase 3 (K split): after a grid
  * barrier, every block adds segments' partials in segment order for its share of the outputs and
  * runs their epilogue (NP 2: gate/up pairs) */
-template <int NP>
+template <int NP, int WT>
 DEVN void fp_gemm(const g4c_op *op, const g4c_params &p, int step, float *sm, unsigned long long bar, int &extra) {
     constexpr bool pair = NP == 2;
+    const g4c_mat &wm = op->part[0].w; /* quantised: every part has the same layout (session.cu fp_segments) */
     constexpr int NG = G4C_FP_TB / 8, PER_BAND = pair ? G4C_WARPS : 2 * G4C_WARPS;
     const mm_shape sh = mm_shape_of(op, p);
     if (!sh.total) return;
@@ -1344,29 +1520,42 @@ DEVN void fp_gemm(const g4c_op *op, const g4c_params &p, int step, float *sm, un
             tt->last[threadIdx.x] = w.rows - 1 - rr;
         }
         __syncthreads();
+        auto stage = [&](int b, int kc) { /* chunk kc of the item into buffer b */
+            const int ks0 = ks_beg + kc * G4C_FP_KS, nk = min(G4C_FP_KS, ks_end - ks0);
+            char *buf = bufs + (size_t)b * FP_BUF;
+            if constexpr (WT == G4C_BF16) fp_stage(p, *tt, buf, t0, mt, ks0, nk);
+            else {
+                fp_stage_q<WT>(p, *tt, wm, buf, t0, mt, ks0, nk);
+                fp_stage(p, *tt, buf, t0, mt, ks0, -nk); /* the terms only */
+            }
+        };
 #pragma unroll
         for (int b = 0; b < G4C_FP_NBUF - 1; b++) {
-            if (b < n)
-                fp_stage(p, *tt, bufs + (size_t)b * FP_BUF, t0, mt, ks_beg + b * G4C_FP_KS, min(G4C_FP_KS, ks_end - ks_beg - b * G4C_FP_KS));
+            if (b < n) stage(b, b);
             cp_commit();
         }
 #pragma unroll 1
         for (int k = 0; k < n; k++) {
             const int kn = k + G4C_FP_NBUF - 1;
-            if (kn < n)
-                fp_stage(p, *tt, bufs + (size_t)(kn % G4C_FP_NBUF) * FP_BUF, t0, mt, ks_beg + kn * G4C_FP_KS,
-                         min(G4C_FP_KS, ks_end - ks_beg - kn * G4C_FP_KS));
+            if (kn < n) stage(kn % G4C_FP_NBUF, kn);
             cp_commit();
             asm volatile("cp.async.wait_group %0;" ::"n"(G4C_FP_NBUF - 1) : "memory");
             __syncthreads();
             const char *buf = bufs + (size_t)(k % G4C_FP_NBUF) * FP_BUF;
             const int nk = min(G4C_FP_KS, ks_end - ks_beg - k * G4C_FP_KS);
+            const int ksc = ks_beg + k * G4C_FP_KS;
             if (mt == G4C_FP_TB && nk == G4C_FP_KS) {
 #pragma unroll
-                for (int s = 0; s < G4C_FP_KS; s++) fp_kstep<true>(c, buf, Ta, Tb, s, mt, lane);
+                for (int s = 0; s < G4C_FP_KS; s++) {
+                    if constexpr (WT == G4C_BF16) fp_kstep<true>(c, buf, Ta, Tb, s, mt, lane);
+                    else fp_kstep_q<true, WT>(c, buf, Ta, Tb, s, ksc + s, mt, lane, wm);
+                }
             } else {
 #pragma unroll 1
-                for (int s = 0; s < nk; s++) fp_kstep<false>(c, buf, Ta, Tb, s, mt, lane);
+                for (int s = 0; s < nk; s++) {
+                    if constexpr (WT == G4C_BF16) fp_kstep<false>(c, buf, Ta, Tb, s, mt, lane);
+                    else fp_kstep_q<false, WT>(c, buf, Ta, Tb, s, ksc + s, mt, lane, wm);
+                }
             }
             __syncthreads(); /* every warp is done with the buffer before it is staged again */
         }
@@ -1434,8 +1623,20 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
             fp_prep(op, p, step, sm, tl.red);
             grid_sync(p.ctl, bar, NULL, NULL);
             extra++;
-            if (op->epi == G4C_EPI_GELU_PAIR) fp_gemm<2>(op, p, step, sm, bar + gridDim.x, extra);
-            else fp_gemm<1>(op, p, step, sm, bar + gridDim.x, extra);
+            const int wt = op->part[0].w.type;
+            const bool pr = op->epi == G4C_EPI_GELU_PAIR;
+            if (wt == G4C_BF16) {
+                if (pr) fp_gemm<2, G4C_BF16>(op, p, step, sm, bar + gridDim.x, extra);
+                else fp_gemm<1, G4C_BF16>(op, p, step, sm, bar + gridDim.x, extra);
+            } else if (wt == G4C_Q4) {
+                if constexpr ((TM & G4C_KM_Q4) != 0) {
+                    if (pr) fp_gemm<2, G4C_Q4>(op, p, step, sm, bar + gridDim.x, extra);
+                    else fp_gemm<1, G4C_Q4>(op, p, step, sm, bar + gridDim.x, extra);
+                }
+            } else if constexpr ((TM & G4C_KM_Q8) != 0) {
+                if (pr) fp_gemm<2, G4C_Q8>(op, p, step, sm, bar + gridDim.x, extra);
+                else fp_gemm<1, G4C_Q8>(op, p, step, sm, bar + gridDim.x, extra);
+            }
             return;
         }
     } else {

@@ -228,7 +228,7 @@ typedef struct g4c_op {
     g4c_mat emb_d;
     float *logits;        /* + step * V */
     int fp_ks;            /* matmul: > 0 when the prefill procedure takes the stage (bf16 row-major
-                             weights, K a multiple of 32, no argmax): its K segments per band
+                             or Q4 / Q8 weights, K a multiple of 32, no argmax): its K segments per band
                              (session.cu fp_segments, shape only) */
 } g4c_op;
 
@@ -281,6 +281,7 @@ typedef struct g4c_params {
     int fast;             /* 1: stages with fp_ks > 0 run it (a wide kernel for any M) */
     int fp_ld, fp_tokens; /* fp_x row length (elements) and rows per term */
     unsigned short *fp_x; /* [G4C_FP_TERMS][fp_tokens][fp_ld] the stage's input rows as bf16 terms */
+    float *fp_sx;         /* [fp_tokens][fp_ld / 32] affine-quantised stages: input sums per 32 columns */
     float *fp_part;       /* K segments' partials [item][segment][G4C_FP_SLOT] */
     int *fp_cnt;          /* [band · token blocks] segments finished (back to 0 once added) */
     float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */

@@ -105,6 +105,7 @@ struct g4_cuda {
     int *top_e, *att_cnt, *mma_cnt, *fp_cnt;
     float *mma_part, *fp_part, *qn;
     unsigned short *fp_x;
+    float *fp_sx;
     int fp_ld;                           /* widest matmul input (the prefill procedure's activation rows) */
     int trace_fast;                      /* g4_cuda_trace runs the prefill procedure */
     std::vector<dev_kv> kv;
@@ -405,6 +406,7 @@ static void layout_scratch(g4_cuda *c, bump *b) {
         c->fp_ld = (K + 7) & ~7;
         const int tbs = (B + G4C_FP_TB - 1) / G4C_FP_TB;
         c->fp_x = TAKE(b, unsigned short, (size_t)G4C_FP_TERMS * B * c->fp_ld);
+        c->fp_sx = TAKE(b, float, (size_t)B * (c->fp_ld / 32 + 1));
         c->fp_part = TAKE(b, float, (size_t)G4C_FP_TARGET * tbs * G4C_FP_SLOT);
         c->fp_cnt = TAKE(b, int, (size_t)G4C_FP_MAXBANDS * tbs);
     }
@@ -770,19 +772,26 @@ static int mma_segments(const g4c_op &o) {
     return ks;
 }
 
-/* K segments per band of a stage the prefill procedure takes (forward.cu fp_gemm), 0 for the
- * others: bf16 row-major matrices of one width K (a multiple of 32), no argmax, no logits row
- * range, no drafter input. Bands are 16 tiles of 16 rows (gate/up pairs: 8 of each); the segments
+/* K segments per band of a stage the prefill procedure takes (forward.cuh fp_gemm), 0 for the
+ * others: bf16 row-major or quantised (Q4 / Q8, one layout for every part) matrices of one width K
+ * (a multiple of 32), no argmax, no logits row range, no drafter input. Bands are 16 tiles of 16 rows (gate/up pairs: 8 of each); the segments
  * (whole chunks of G4C_FP_KS k-steps) bring a token block's items to about G4C_FP_TARGET. A
  * function of the stage's shape only. */
 static int fp_segments(const g4c_op &o) {
     if (o.kind != G4C_OP_MATMUL || o.lm || o.in.kind == G4C_IN_CONCAT || o.nparts < 1) return 0;
     const int K = o.part[0].w.cols;
     if (K % 32) return 0;
+    const g4c_mat &w0 = o.part[0].w;
+    const bool quant = w0.type == G4C_Q4 || w0.type == G4C_Q8;
+    if (quant && (w0.group % 32 || (w0.stype == G4C_S_F32 && (w0.sc_off % 4 || w0.bi_off % 4)))) return 0;
     for (int i = 0; i < o.nparts; i++) {
         const g4c_mat &w = o.part[i].w;
-        if (!w.data || w.type != G4C_BF16 || (w.flags & G4C_QF_TILED) || w.cols != K || o.part[i].argmax || w.row_bytes % 16)
+        if (!w.data || (w.type != G4C_BF16 && !quant) || (w.flags & G4C_QF_TILED) || w.cols != K || o.part[i].argmax ||
+            w.row_bytes % 16 || (uintptr_t)w.data % 16)
             return 0;
+        if (quant && (w.type != w0.type || w.group != w0.group || w.flags != w0.flags || w.stype != w0.stype ||
+                      w.sc_off != w0.sc_off || w.bi_off != w0.bi_off))
+            return 0; /* the staging reads one layout (forward.cuh fp_stage_q) */
     }
     const int pair = o.epi == G4C_EPI_GELU_PAIR;
     if (pair && (o.nparts != 2 || o.part[1].w.rows != o.part[0].w.rows)) return 0;
@@ -1070,6 +1079,7 @@ static g4c_params base_params(const g4_cuda *c) {
     p.fp_ld = c->fp_ld;
     p.fp_tokens = c->max_batch;
     p.fp_x = c->fp_x;
+    p.fp_sx = c->fp_sx;
     p.fp_part = c->fp_part;
     p.fp_cnt = c->fp_cnt;
     p.qn = c->qn;
