@@ -18,7 +18,7 @@
 # Both engines get the same token ids. Model load is not timed. Per cell the best (default) or the
 # median of the repetitions is reported; the machine is shared and noisy, so the engines alternate.
 # bytes/token is g4's figure (weights read per token: for MoE the active experts only, plus K/V),
-# bw the read bandwidth g4 bench measures in the same run.
+# bw the read bandwidth g4 bench measures around its decode row (the mean of the probes before and after).
 # Needs: node >= 18 and node-llama-cpp (bash scripts/install_llama.sh), a built g4 (make).
 # Every raw measurement goes to DIR/race-TIMESTAMP.jsonl; the summary table ends the output.
 set -euo pipefail
@@ -166,7 +166,7 @@ for arch in "${arch_list[@]}"; do
                 const o = {arch: process.argv[1], type: process.argv[2], rep: +process.argv[3], engine: "g4"};
                 for (const x of rows) {
                     if (x.row === "model") Object.assign(o, {weight_bytes: x.weight_bytes, bw_gb_s: x.bw_gb_s, layers: x.layers});
-                    if (x.row === "context") Object.assign(o, {decode_tok_s: x.decode_tok_s, bytes_per_token: x.bytes_per_token, ctx: x.ctx});
+                    if (x.row === "context") Object.assign(o, {decode_tok_s: x.decode_tok_s, bytes_per_token: x.bytes_per_token, ctx: x.ctx, bw_gb_s: x.bw_gb_s});
                     if (x.row === "prefill") o.prefill_tok_s = x.prefill_tok_s;
                 }
                 console.log(JSON.stringify(o));' "$arch" "$type" "$r" >> "$log"

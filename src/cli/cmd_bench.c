@@ -291,7 +291,11 @@ int cmd_bench(int argc, char **argv) {
         toks[i] = (int32_t)(3 + (r >> 33) % (uint64_t)(info.vocab - 3));
     }
     toks[0] = info.bos;
-    printf("%8s %12s %12s %12s %10s %8s\n", "context", "prefill t/s", "decode t/s", "ms/token", "GB/s", "of bw");
+    /* the CPU's bandwidth drifts within a run (2 cores: 32-64 GB/s between probes here), so each
+     * row is also probed right after its decode and set against the mean of the probes around it */
+    const int bracket = device != G4_DEVICE_CUDA;
+    printf("%8s %12s %12s %12s %10s %10s %8s\n", "context", "prefill t/s", "decode t/s", "ms/token", "GB/s",
+           bracket ? "bw around" : "bw", "of bw");
     for (int ci = 0; ci < n_ctx; ci++) {
         int c = ctxs[ci];
         g4_session_reset(s);
@@ -311,13 +315,19 @@ int cmd_bench(int argc, char **argv) {
             t = argmax(logits, info.vocab);
         }
         double dec = (now() - a) / gen;
-        double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2);
-        printf("%8d %12.1f %12.2f %12.2f %10.1f %7.0f%%\n", c, c / pre, 1 / dec, dec * 1e3, bytes / dec / 1e9,
-               100 * bytes / dec / 1e9 / bw);
+        double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2), rbw = bw;
+        if (bracket) {
+            double after;
+            if (g4_measure_read_bandwidth(nt, (size_t)1 << 30, 5, &after, &err)) goto fail;
+            rbw = (bw + after) / 2;
+            bw = after;
+        }
+        printf("%8d %12.1f %12.2f %12.2f %10.1f %10.1f %7.0f%%\n", c, c / pre, 1 / dec, dec * 1e3, bytes / dec / 1e9,
+               rbw, 100 * bytes / dec / 1e9 / rbw);
         if (json)
             printf("{\"row\": \"context\", \"ctx\": %d, \"gen\": %d, \"prefill_tok_s\": %.3f, \"decode_tok_s\": %.4f, "
                    "\"bytes_per_token\": %.0f, \"gb_s\": %.3f, \"bw_gb_s\": %.3f}\n",
-                   c, gen, c / pre, 1 / dec, bytes, bytes / dec / 1e9, bw);
+                   c, gen, c / pre, 1 / dec, bytes, bytes / dec / 1e9, rbw);
         if (s->st.profile) {
             print_profile(s, gen);
             s->st.profile = 0;
