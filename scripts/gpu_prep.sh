@@ -6,8 +6,10 @@
 #                                         bench/gpu_bench (debug info stripped) as .gpu/NAME/...;
 #                                         .gpu/lib/: the shared libraries they need beyond the image's
 #   scripts/gpu_prep.sh data [G4]         .gpu/data.tar.xz: the fixtures (.gpu/fixtures/gemma4/) and
-#                                         each converted by `g4 convert` to GGUF Q4_0/Q8_0, MLX 4/8-bit
-#                                         and QAT int4/int8 (.gpu/qfix/FIXTURE-FORMAT)
+#                                         each converted by `g4 convert` to GGUF Q4_0/Q8_0/Q4_1/Q5_0/
+#                                         Q5_1/Q4_K/Q5_K/Q6_K, MLX 3/4/6/8-bit and QAT int2/int4/int8
+#                                         (.gpu/qfix/FIXTURE-FORMAT; G4_QFORMATS overrides the list),
+#                                         and a 256-wide model as real Q4_K/Q5_K/Q6_K (.gpu/kq)
 #   scripts/gpu_prep.sh refs [G4]         on the GPU machine: .gpu/qref/, each of .gpu/qfix dequantised
 #                                         to f32 (the suite's quantised-weights reference)
 # On the GPU machine (carry .gpu/data.tar.xz, .gpu/NAME.tar.xz, .gpu/lib):
@@ -39,20 +41,30 @@ case $mode in
     cp -r ../shared/fixtures/gemma4 "$G/fixtures/"
     for d in "$G"/fixtures/gemma4/*/; do
       d=${d%/}; f=$(basename "$d")
-      for fmt in gguf-q4_0 gguf-q8_0 mlx-4 mlx-8 qat-int4 qat-int8; do
+      for fmt in ${G4_QFORMATS:-gguf-q4_0 gguf-q8_0 mlx-4 mlx-8 qat-int4 qat-int8 gguf-q4_1 gguf-q5_0 gguf-q5_1 gguf-q4_k gguf-q5_k gguf-q6_k mlx-3 mlx-6 qat-int2}; do
         case $fmt in mlx-*) args=(--format mlx --bits "${fmt#mlx-}" --group 32) ;; *) args=(--format "$fmt") ;; esac
         "$G4" convert "$d" "$G/qfix/$f-$fmt" "${args[@]}" --threads 2 >/dev/null 2>&1 ||
           { echo "gpu_prep: $f as $fmt: not converted (skipped)"; rm -rf "$G/qfix/$f-$fmt"; }
       done
     done
-    tar -C "$G/.." -cJf "$G/data.tar.xz" .gpu/fixtures .gpu/qfix
+    # the fixtures are narrower than the K-quants' 256-column blocks (converted "K-quant" files hold
+    # Q5_0/Q5_1/Q8_0, as llama.cpp falls back): a 256-wide model (tests/gpu/kq-mini.json) as real
+    # Q4_K/Q5_K/Q6_K, its bf16 original beside it for the tokenizer
+    rm -rf "$G/kq"
+    "$G4" synth --config tests/gpu/kq-mini.json --format bf16 --out "$G/kq/kq-mini" \
+        --tokenizer-from "$G/fixtures/gemma4/dense-mini" --threads 2 >/dev/null
+    for fmt in gguf-q4_k gguf-q5_k gguf-q6_k; do
+      "$G4" convert "$G/kq/kq-mini" "$G/qfix/kq-mini-$fmt" --format "$fmt" --threads 2 >/dev/null
+    done
+    tar -C "$G/.." -cJf "$G/data.tar.xz" .gpu/fixtures .gpu/qfix .gpu/kq
     ls -la "$G/data.tar.xz" ;;
   refs)
     G4=${2:-build/g4}
     mkdir -p "$G/qref"
     for q in "$G"/qfix/*/; do
       q=${q%/}; n=$(basename "$q")
-      { "$G4" convert "$q" "$G/qref/$n" --format f32 --threads 1 --tokenizer-from "$G/fixtures/gemma4/${n%-*-*}" >/dev/null 2>&1 ||
+      t="$G/fixtures/gemma4/${n%-*-*}"; [ -d "$t" ] || t="$G/kq/${n%-*-*}"
+      { "$G4" convert "$q" "$G/qref/$n" --format f32 --threads 1 --tokenizer-from "$t" >/dev/null 2>&1 ||
           echo "gpu_prep: $n: no f32 reference"; } &
     done
     wait ;;

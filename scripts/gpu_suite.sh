@@ -59,7 +59,8 @@ if [ -n "$FIX" ]; then
   cat "$LOG.mma" >>"$LOG"
   summary+=("$r gpu_exact (tensor cores): $(tail -n 1 "$LOG.mma")")
 fi
-# quantised weights (GGUF Q8_0/Q4_0, MLX 4/8-bit, QAT int4/int8): fixtures converted with
+# quantised weights (GGUF Q4_0/Q8_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, MLX 3/4/6/8-bit, QAT
+# int2/int4/int8; scripts/gpu_prep.sh data): fixtures converted with
 # `g4 convert`, each compared with the same weights dequantised to f32 on the CPU (both sides then
 # use float activations; the CPU's own quantised path quantises activations to int8): batch
 # invariance of both procedures, each within 2e-3 of the reference, greedy decode chains.

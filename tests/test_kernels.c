@@ -1,5 +1,6 @@
 /* CPU kernels and quantisation formats: round trips, layouts, and the exactness contract
  * (SIMD == scalar bitwise, M invariance, thread invariance, row views). */
+#include <float.h>
 #include <math.h>
 
 #include "cpu/kernels.h"
@@ -524,6 +525,51 @@ static void test_full_range_codes(void **state) {
     }
 }
 
+/* Widening for 4/8-bit-only kernels (the CUDA upload): every type that needs it gives signed codes
+ * in its container's range whose sc·v + bi are the CPU's values (exact without a bias; within one
+ * f32 rounding of the moved bias with one), and the types a device reads as they are need none. */
+static void test_widen(void **state) {
+    (void)state;
+    tcfg cs[96];
+    int n = all_cfgs(cs), widened = 0;
+    char name[96];
+    for (int ci = 0; ci < n; ci++) {
+        tcfg c = cs[ci];
+        const int rows = 5, cols = 512;
+        float *src = malloc(sizeof(float) * rows * cols);
+        fill(src, (size_t)rows * cols);
+        tmat t = make_mat(c, rows, cols, src);
+        g4_widen wd;
+        const int need = g4_widen_of(&t.m, &wd);
+        const int native = c.type <= G4_W_Q4_0 || ((c.type == G4_W_AFFINE || c.type == G4_W_SYMM) && (c.bits == 4 || c.bits == 8));
+        if (need == native) fail_msg("%s: g4_widen_of says %d", cfg_name(c, name, sizeof name), need);
+        if (need) {
+            widened++;
+            assert_true(wd.bits == 4 || wd.bits == 8);
+            assert_int_equal(cols % wd.group, 0);
+            int8_t *v = malloc((size_t)cols);
+            float *sc = malloc(sizeof(float) * cols), *bi = malloc(sizeof(float) * cols);
+            const int lo = wd.bits == 4 ? -8 : -128, hi = wd.bits == 4 ? 7 : 127;
+            for (int r = 0; r < rows; r++) {
+                g4_widen_row(&t.m, &wd, r, v, sc, wd.bias ? bi : NULL);
+                for (int i = 0; i < cols; i++) {
+                    if (v[i] < lo || v[i] > hi) fail_msg("%s: code %d outside %d bits", cfg_name(c, name, sizeof name), v[i], wd.bits);
+                    const float s = sc[i / wd.group], b = wd.bias ? bi[i / wd.group] : 0.0f;
+                    const float got = wd.bias ? fmaf(s, (float)v[i], b) : s * (float)v[i], want = t.dense[(size_t)r * cols + i];
+                    /* the bias moved by up to 128 steps: roundings of magnitude |s|·(|v| + 128) */
+                    const float tol = wd.bias ? 4 * FLT_EPSILON * (fabsf(s) * (float)(abs(v[i]) + 128) + fabsf(b) + fabsf(want)) : 0.0f;
+                    if (!(fabsf(got - want) <= tol))
+                        fail_msg("%s: row %d col %d widened %g, CPU value %g", cfg_name(c, name, sizeof name), r, i, got, want);
+                }
+            }
+            free(v), free(sc), free(bi);
+        }
+        free(src);
+        free_mat(&t);
+    }
+    assert_int_equal(widened, 6 + 15 + 2); /* 6 GGUF types, MLX 2/3/5/6/7 x 3 groups, QAT 2-bit x 2 */
+}
+
 static void test_dot_f32(void **state) {
     (void)state;
     float a[300], b[300];
@@ -724,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_exactness),
         cmocka_unit_test(test_threads_and_views),
         cmocka_unit_test(test_full_range_codes),
+        cmocka_unit_test(test_widen),
         cmocka_unit_test(test_bandwidth),
         cmocka_unit_test(test_act),
     };

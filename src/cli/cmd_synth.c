@@ -11,17 +11,20 @@
 
 #include "cli/cli.h"
 #include "g4.h"
+#include "model/config.h"
 #include "model/synth.h"
 #include "model/writer.h"
+#include "util/mapped_file.h"
 
 static void synth_usage(FILE *f) {
     char formats[1024];
     g4_writer_formats_help(formats, sizeof formats);
     fprintf(f,
-            "usage: g4 synth --arch ARCH --format FORMAT --out DIR [options]\n"
+            "usage: g4 synth (--arch ARCH | --config FILE) --format FORMAT --out DIR [options]\n"
             "  Writes a model of a released geometry (e2b, e4b, 12b, 26b-a4b, 31b) with random weights,\n"
             "  deterministic from the seed, streaming tensor by tensor (memory stays small), and copies\n"
-            "  the real tokenizer files into DIR.\n"
+            "  the real tokenizer files into DIR. --config: the geometry of a config.json instead (any\n"
+            "  Gemma 4 text config; e.g. widths that are multiples of the K-quants' 256-column blocks).\n"
             "formats:\n%s"
             "options:\n"
             "  --seed N             weight seed (default 0)\n"
@@ -207,7 +210,7 @@ double cli_dir_bytes(const char *dir) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    const char *arch = NULL, *format = NULL, *out = NULL, *tok_from = NULL;
+    const char *arch = NULL, *config = NULL, *format = NULL, *out = NULL, *tok_from = NULL;
     g4_writer_options wo = {0};
     g4_synth_options so = {0};
     int threads = 0, check = 0;
@@ -222,6 +225,8 @@ int cmd_synth(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--arch") && v) {
             arch = argv[++i];
+        } else if (!strcmp(a, "--config") && v) {
+            config = argv[++i];
         } else if (!strcmp(a, "--format") && v) {
             format = argv[++i];
         } else if (!strcmp(a, "--out") && v) {
@@ -247,15 +252,33 @@ int cmd_synth(int argc, char **argv) {
             return 2;
         }
     }
-    if (!arch || !format || !out) {
-        fprintf(stderr, "g4 synth: --arch, --format and --out are required\n");
+    if (!arch == !config || !format || !out) {
+        fprintf(stderr, "g4 synth: one of --arch and --config, --format and --out are required\n");
         synth_usage(stderr);
+        return 2;
+    }
+    if (config && so.n_layers) {
+        fprintf(stderr, "g4 synth: --layers truncates a released geometry (--arch); write the layers into the config instead\n");
         return 2;
     }
     so.n_threads = threads;
     g4_error err = {0};
     char *json = NULL;
-    if (g4_synth_config_json(arch, so.n_layers, &json, &err)) {
+    if (config) {
+        size_t len;
+        if (g4_read_file(config, &json, &len, &err)) {
+            fprintf(stderr, "g4 synth: %s\n", err.message);
+            return 2;
+        }
+        g4_config cfg;
+        if (g4_config_parse(json, config, &cfg, &err)) { /* names the file and the field at fault */
+            fprintf(stderr, "g4 synth: %s\n", err.message);
+            free(json);
+            return 2;
+        }
+        g4_config_free(&cfg);
+        arch = config;
+    } else if (g4_synth_config_json(arch, so.n_layers, &json, &err)) {
         fprintf(stderr, "g4 synth: %s\n", err.message);
         return 2;
     }

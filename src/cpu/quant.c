@@ -516,3 +516,41 @@ void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]) {
         u[i] = (uint8_t)(p[at + (size_t)(s / per) * cs + (size_t)(i % 4)] >> (s % per * bits) & ((1 << bits) - 1));
     }
 }
+
+/* ---- widening for 4/8-bit-only kernels ------------------------------------------------------- */
+
+int g4_widen_of(const g4_mat *w, g4_widen *o) {
+    int bits;
+    switch (w->type) {
+    case G4_W_Q4_1: case G4_W_Q4_K: bits = 4; break;
+    case G4_W_Q5_0: case G4_W_Q5_1: case G4_W_Q5_K: bits = 5; break;
+    case G4_W_Q6_K: bits = 6; break;
+    case G4_W_AFFINE: case G4_W_SYMM: bits = w->bits == 4 || w->bits == 8 || w->split ? 0 : w->bits; break;
+    default: bits = 0; break;
+    }
+    if (!bits) return 0;
+    o->bits = bits <= 4 ? 4 : 8;
+    o->bias = g4_wtype_additive(w->type);
+    if (w->type == G4_W_AFFINE || w->type == G4_W_SYMM) o->group = w->group > 0 ? w->group : w->cols;
+    else o->group = w->type == G4_W_Q6_K ? 16 : 32;
+    return 1;
+}
+
+void g4_widen_row(const g4_mat *w, const g4_widen *o, int r, int8_t *v, float *sc, float *bi) {
+    /* additive codes are centred at 2^(bits-1) of their own width */
+    const int cbits = w->type == G4_W_Q4_1 || w->type == G4_W_Q4_K ? 4 : w->type == G4_W_Q5_1 || w->type == G4_W_Q5_K ? 5 : w->bits;
+    const int off = o->bias ? 1 << (cbits - 1) : g4_wtype_offset(w);
+    for (int b = 0; b < w->cols / 32; b++) {
+        g4_wblock wb;
+        g4_wblock_get(w, r, b, &wb);
+        for (int i = 0; i < 32; i++) v[32 * b + i] = (int8_t)((int)wb.u[i] - off);
+        if (w->type == G4_W_Q6_K) {
+            sc[2 * b] = wb.sw;
+            sc[2 * b + 1] = wb.sw_hi;
+        } else {
+            const int g = 32 * b / o->group;
+            sc[g] = wb.sw;
+            if (o->bias) bi[g] = fmaf((float)off, wb.sw, wb.bw);
+        }
+    }
+}

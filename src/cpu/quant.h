@@ -92,6 +92,24 @@ size_t g4_mat_repack_size(const g4_mat *w);
  * of AFFINE/SYMM inputs are referenced, not copied) and describes it in *out. */
 void g4_mat_repack(const g4_mat *w, void *mem, g4_mat *out);
 
+/* Widening for a device whose kernels read 4- and 8-bit codes only (the CUDA upload): the row as
+ * signed codes v around their centre (4-bit containers: -8 <= v <= 7; 8-bit: -128 <= v <= 127)
+ * with an f32 scale (and, for additive codes, bias) per `group` columns: value = sc·v (+ bi).
+ * Codes with an offset keep their scales exactly (v = u - offset); additive codes (MLX affine,
+ * Q4_1, Q5_1, Q4_K, Q5_K) become v = u - 2^(bits-1) with bi = bw + 2^(bits-1)·sw, one f32
+ * rounding. Centred codes keep a device's s·Σv·x and bi·Σx from cancelling. */
+typedef struct g4_widen {
+    int bits;  /* container: 4 or 8 */
+    int group; /* columns per scale: 32 (16 for Q6_K's sub-blocks) for GGUF blocks, the source's
+                  group (cols when per row) for MLX / QAT */
+    int bias;  /* additive codes: bi is written */
+} g4_widen;
+/* 1 and *o filled when w's codes are not 4- or 8-bit ones a device reads as they are (Q4_1, Q5_0,
+ * Q5_1, the K-quants, AFFINE / SYMM of 2, 3, 5, 6 or 7 bits), else 0. Not for split matrices. */
+int g4_widen_of(const g4_mat *w, g4_widen *o);
+/* Row r: v[cols], sc[cols / group], bi[cols / group] (bias only). */
+void g4_widen_row(const g4_mat *w, const g4_widen *o, int r, int8_t *v, float *sc, float *bi);
+
 /* The 32 codes u of block b of row r of a split matrix. */
 void g4_split_block(const g4_mat *w, int r, int b, uint8_t u[32]);
 

@@ -283,8 +283,9 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                     s0[u] = q_param(w0, wm.sc_off, wm.stype, g);
                     s1[u] = q_param(w1, wm.sc_off, wm.stype, g);
                     /* affine codes are centred (q - 8 / q - 128, exact) and the bias takes the
-                     * shift: b' = b + z s, so s·d and b'·Σx do not cancel */
-                    constexpr float zc = T == G4C_Q8 ? 128.0f : 8.0f;
+                     * shift: b' = b + z s, so s·d and b'·Σx do not cancel; signed codes with a
+                     * bias (widened narrower codes, session.cu) are centred already */
+                    const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f;
                     b0[u] = bias ? fmaf(zc, s0[u], q_param(w0, wm.bi_off, wm.stype, g)) : 0.0f;
                     b1[u] = bias ? fmaf(zc, s1[u], q_param(w1, wm.bi_off, wm.stype, g)) : 0.0f;
                 }
@@ -1380,7 +1381,7 @@ DEV void fp_kstep_q(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, in
      * (b + z·s)·Σx cancel far less than s·Σqx and b·Σx (with q in 0..15 the two terms are ~8x the
      * result, and the tensor cores' f32 sums round each) */
     const unsigned negz = sgn || bias ? 0xC308C308u : 0xC300C300u; /* -(128 + z) in bf16, z = 8 or 0 */
-    const float zc = WT == G4C_Q4 ? 8.0f : 128.0f;
+    const float zc = sgn ? 0.0f : WT == G4C_Q4 ? 8.0f : 128.0f; /* signed codes with a bias: centred already */
     unsigned a[2][2][4]; /* [tile][half] */
     float sc[2][2], bs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll

@@ -55,10 +55,12 @@ enum {
 
 /* weight element types on the device. Dense rows are the checkpoint's; quantised rows are
  * rearranged at upload into one layout for every source format (GGUF Q8_0/Q4_0, MLX affine 4/8,
- * QAT int4/int8): [codes][scales][biases], padded to 16 bytes. Codes are an LSB-first stream of
+ * QAT int4/int8; the other GGUF block types and 2/3/5/6/7-bit codes widened into it, session.cu
+ * wide_row): [codes][scales][biases], padded to 16 bytes. Codes are an LSB-first stream of
  * 8-bit (Q8) or 4-bit (Q4) values, element i of the row at bits [i·b, (i+1)·b); w = s·(q − z) + b
- * with z = 128 / 8 for signed codes (Q8 read as int8), 0 for unsigned ones; one scale (and bias)
- * per `group` columns (group ≥ 32), stored as f32, f16 or bf16. */
+ * with z = 128 / 8 for signed codes (Q8 read as int8; with G4C_QF_BIAS too: signed codes plus a
+ * bias), 0 for unsigned ones; one scale (and bias) per `group` columns (group ≥ 32, or 16 for Q8
+ * rows widened from Q6_K), stored as f32, f16 or bf16. */
 enum { G4C_F32 = 0, G4C_F16 = 1, G4C_BF16 = 2, G4C_Q8 = 3, G4C_Q4 = 4 };
 enum { G4C_QF_SIGNED = 1, G4C_QF_BIAS = 2, G4C_QF_TILED = 4 }; /* g4c_mat.flags */
 /* G4C_QF_TILED (bf16, cols a multiple of 32): the tensor cores' layout (forward.cu mm_tile_mma).

@@ -27,6 +27,7 @@
 
 extern "C" {
 #include "cpu/kernels.h"
+#include "cpu/quant.h"
 #include "model/drafter.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -195,16 +196,36 @@ static void quant_row(const g4_mat *m, const g4c_mat *o, int r, unsigned char *d
         memcpy(bi, (const unsigned char *)m->biases + (size_t)r * es * m->scale_stride, (size_t)ng * sb);
 }
 
+/* Code widths the GPU has no kernels for (2/3/5/6/7-bit MLX and QAT codes, Q4_1, Q5_0, Q5_1 and
+ * the K-quants) are widened at upload into its 4-bit (codes of up to 4 bits) or 8-bit containers
+ * (cpu/quant.h g4_widen_row: signed codes around their centre, f32 scales and biases; the values
+ * the CPU reads, up to one f32 rounding of an additive code's bias), flagged G4C_QF_SIGNED (and
+ * G4C_QF_BIAS). Centring matters: 6-bit codes read as 8-bit ones centred at 128 make s·Σ(q−128)x
+ * and b'·Σx cancel ~30x, which the fixtures' logits showed at 1e-2. More bytes than the source
+ * (Q4_K: 6 bits per weight instead of 4.5), the same values. */
+static void wide_row(const g4_mat *m, const g4_widen *wd, const g4c_mat *o, int r, unsigned char *dst,
+                     std::vector<int8_t> &v) {
+    memset(dst, 0, (size_t)o->row_bytes);
+    g4_widen_row(m, wd, r, v.data(), (float *)(dst + o->sc_off), wd->bias ? (float *)(dst + o->bi_off) : NULL);
+    for (int c = 0; c < m->cols; c++) {
+        if (o->type == G4C_Q8) dst[c] = (unsigned char)v[(size_t)c];
+        else dst[c >> 1] |= (unsigned char)((v[(size_t)c] + 8) << (4 * (c & 1)));
+    }
+}
+
 static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *out, g4_error *err) {
-    const int bits = m->type == G4_W_Q8_0 ? 8 : m->type == G4_W_Q4_0 ? 4 : m->bits;
-    if ((m->type == G4_W_AFFINE || m->type == G4_W_SYMM) && bits != 4 && bits != 8)
-        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d-bit codes; the GPU runs 4- and 8-bit ones", what,
-                       bits);
+    g4_widen wd;
+    const int wide = g4_widen_of(m, &wd);
+    const int bits = m->type == G4_W_Q8_0 ? 8 : m->type == G4_W_Q4_0 ? 4 : wide ? wd.bits : m->bits;
     if (m->cols % 32) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has %d columns", what, m->cols);
     out->type = bits == 8 ? G4C_Q8 : G4C_Q4;
     out->rows = m->rows;
     out->cols = m->cols;
-    if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0) {
+    if (wide) {
+        out->stype = G4C_S_F32;
+        out->flags = G4C_QF_SIGNED | (wd.bias ? G4C_QF_BIAS : 0);
+        out->group = wd.group;
+    } else if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0) {
         out->group = 32;
         out->flags = G4C_QF_SIGNED;
         out->stype = G4C_S_F16;
@@ -215,11 +236,14 @@ static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *o
         out->group = m->group ? m->group : m->cols;
         out->flags = G4C_QF_SIGNED;
     }
-    if (m->type == G4_W_AFFINE || m->type == G4_W_SYMM) {
+    if (!wide && (m->type == G4_W_AFFINE || m->type == G4_W_SYMM)) {
         if (m->type == G4_W_SYMM && m->group == 0) out->stype = G4C_S_F32;
         else out->stype = m->scale_dtype == G4_DT_F32 ? G4C_S_F32 : m->scale_dtype == G4_DT_F16 ? G4C_S_F16 : G4C_S_BF16;
     }
-    if (out->group < 32 || out->group % 32 || m->cols % out->group)
+    /* Q6_K's 16-column sub-blocks: the 8-bit kernels take a scale per 16-byte chunk (the prefill
+     * procedure's tensor-core matmul needs groups of 32 and leaves such stages to the CUDA cores) */
+    const int q6 = wide && m->type == G4_W_Q6_K;
+    if ((!q6 && (out->group < 32 || out->group % 32)) || m->cols % out->group)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s has groups of %d columns", what, out->group);
     const int ng = m->cols / out->group, sb = out->stype == G4C_S_F32 ? 4 : 2;
     out->sc_off = m->cols * bits / 8;
@@ -231,9 +255,14 @@ static g4_status up_quant(bump *b, const g4_mat *m, const char *what, g4c_mat *o
     if (b->dry) return G4_OK;
     const int slab = 4096;
     std::vector<unsigned char> buf((size_t)out->row_bytes * slab);
+    std::vector<int8_t> codes(wide ? (size_t)m->cols : 0);
     for (int r0 = 0; r0 < m->rows; r0 += slab) {
         int n = m->rows - r0 < slab ? m->rows - r0 : slab;
-        for (int r = 0; r < n; r++) quant_row(m, out, r0 + r, buf.data() + (size_t)r * out->row_bytes);
+        for (int r = 0; r < n; r++) {
+            unsigned char *dst = buf.data() + (size_t)r * out->row_bytes;
+            if (wide) wide_row(m, &wd, out, r0 + r, dst, codes);
+            else quant_row(m, out, r0 + r, dst);
+        }
         CK(cudaMemcpy(d + (size_t)r0 * out->row_bytes, buf.data(), (size_t)n * out->row_bytes, cudaMemcpyHostToDevice),
            "uploading weights");
     }
@@ -279,13 +308,12 @@ static g4_status up_mat(bump *b, const g4_mat *m, const char *what, g4c_mat *out
     if (!m->data || m->rows == 0) return G4_OK;
     if (m->in_act_scale != 0 || m->out_act_scale != 0)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: %s needs activation fake-quantisation (QAT)", what);
-    if (m->type == G4_W_Q8_0 || m->type == G4_W_Q4_0 || m->type == G4_W_AFFINE || m->type == G4_W_SYMM)
-        return up_quant(b, m, what, out, err);
+    if (m->type >= G4_W_Q8_0 && m->type <= G4_W_SYMM) return up_quant(b, m, what, out, err); /* every quantised type */
     int t = m->type == G4_W_F32 ? G4C_F32 : m->type == G4_W_F16 ? G4C_F16 : m->type == G4_W_BF16 ? G4C_BF16 : -1;
     if (t < 0)
         return g4_fail(err, G4_ERR_UNSUPPORTED,
-                       "CUDA backend: %s is stored as %s; the GPU runs F32, F16, BF16, Q8_0, Q4_0 and 4/8-bit MLX "
-                       "affine and QAT weights",
+                       "CUDA backend: %s is stored as %s; the GPU runs float, GGUF block-quantised, MLX affine and QAT "
+                       "weights",
                        what, g4_wtype_name(m->type));
     int per = t == G4C_F32 ? 4 : 8;
     if (m->cols % per)
