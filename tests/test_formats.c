@@ -857,7 +857,7 @@ static void test_safetensors_writer(void **state) {
 
 static void test_synth_file_vs_memory(void **state) {
     (void)state;
-    const char *stores[][2] = {{"f32", "f32"}, {"bf16", "bf16"}, {"mlx-4", "mlx-4"}, {"qat-int4", "qat-int4"}};
+    const char *stores[][2] = {{"f32", "f32"}, {"bf16", "bf16"}, {"mlx-4", "mlx-4"}, {"qat-int4", "qat-int4"}, {"qat", "qat"}};
     int32_t tok[12] = {2, 7, 99, 150, 3, 400, 17, 17, 256, 300, 1, 511};
     for (size_t f = 0; f < sizeof fixtures / sizeof *fixtures; f++) {
         if (test_scale() > 1 && f != 0 && f != 2) continue; /* e2b-mini and moe-mini */

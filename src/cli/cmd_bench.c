@@ -35,7 +35,7 @@ static void bench_usage(FILE *f) {
             "  -m, --model PATH     a model g4 can load\n"
             "  --synth ARCH         a random-weight model of a released size (e2b, e4b, 12b, 26b-a4b, 31b)\n"
             "                       generated in memory, as `g4 synth` would write it\n"
-            "  --storage S          synthetic weights stored as bf16 (default), f16, f32, mlx-4, mlx-8, qat-int4, ...\n"
+            "  --storage S          synthetic weights stored as bf16 (default), f16, f32, mlx-N, qat-intN, qat (mixed)\n"
             "  --layers N           truncate a synthetic stack to N layers\n"
             "  --ctx LIST           context lengths (default 128,1024,4096)\n"
             "  --gen N              decode tokens timed per context (default 32)\n"

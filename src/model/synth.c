@@ -501,10 +501,11 @@ static void mem_layout(const mem_source *s, const g4_tensor_desc *t, int *type, 
             return;
         }
     }
+    const int qbits = s->store != S_QAT ? 0 : s->bits ? s->bits : g4_qat_mixed_bits(s->cfg, t->name); /* bits 0: "qat" */
     if (s->store == S_QAT && mat && t->ndim == 2 && cols % 32 == 0 && !strstr(t->name, "router") &&
-        strcmp(t->name, "per_layer_model_projection.weight")) {
+        strcmp(t->name, "per_layer_model_projection.weight") && qbits) {
         *type = G4_W_SYMM;
-        *bits = s->bits;
+        *bits = qbits;
         int P = s->cfg->ple_width;
         if (t->role == G4_TR_PLE_EMBED && P % 32 == 0 && cols % P == 0) *blocks = (int)(cols / P);
         *group = (int)(cols / *blocks);
@@ -626,9 +627,11 @@ g4_status g4_source_open_synth(g4_weight_source *src, const g4_config *cfg, cons
     else if (!strncmp(st_name, "qat-int", 7) && (s->bits = (int)strtol(st_name + 7, &end, 10), *end == 0) &&
              (s->bits == 2 || s->bits == 4 || s->bits == 8))
         s->store = S_QAT;
+    else if (!strcmp(st_name, "qat")) /* the mixed 2/4/8-bit recipe of the qat writer (bits 0) */
+        s->store = S_QAT;
     else {
         free(s);
-        return g4_fail(err, G4_ERR_ARG, "unknown synthetic storage '%s' (bf16, f16, f32, mlx-N, qat-intN)", st_name);
+        return g4_fail(err, G4_ERR_ARG, "unknown synthetic storage '%s' (bf16, f16, f32, mlx-N, qat, qat-intN)", st_name);
     }
     g4_status st = g4_model_tensor_list(cfg, &s->t, &s->n, err);
     if (!st) st = g4_threadpool_create(s->o.n_threads, &s->pool, err);

@@ -57,7 +57,8 @@ g4_status g4_synth_write(const char *config_json, const g4_synth_options *o, con
 
 /* A weight source generating each tensor into memory on first find(), stored as `storage`:
  * "bf16" (default when NULL), "f16", "f32", "mlx-N" (MLX affine, N bits, group 64, 8-bit
- * router: what the mlx writer stores), "qat-intN" (per-row int N, as the qat-intN writer).
+ * router: what the mlx writer stores), "qat-intN" (per-row int N, as the qat-intN writer), "qat"
+ * (the qat writer's mixed 2/4/8-bit recipe, g4_qat_mixed_bits; the embedding stays tied).
  * config_json (may be NULL) gives the model's "dtype", which QAT storage reports as the float
  * dtype (the embedding multiplier's rounding), as source_qat.c does. cfg must outlive the source. */
 g4_status g4_source_open_synth(g4_weight_source *src, const g4_config *cfg, const char *config_json,

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "g4.h"
+#include "model/config.h"
 
 typedef struct g4_model_writer {
     void *ctx;
@@ -49,6 +50,9 @@ typedef struct g4_writer_options {
  * QAT), and the formats other files register ("gguf-..."). opts may be NULL. */
 g4_status g4_writer_open(const char *format, const char *out_dir, const g4_writer_options *opts,
                          g4_model_writer *out, g4_error *err);
+/* The "qat" writer's mixed recipe (writer_qat.c): the bits of tensor `name` (relative, as
+ * "layers.3.mlp.up_proj.weight" or "embed_tokens.weight"), 0 to keep it float. */
+int g4_qat_mixed_bits(const g4_config *cfg, const char *name);
 /* One line per registered format family, for --help texts, into buf. */
 void g4_writer_formats_help(char *buf, size_t n);
 /* Feeds rows of the tensor declared next through write_rows, or, for writers without it,

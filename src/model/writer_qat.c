@@ -87,16 +87,23 @@ static g4_status qat_write_i64(void *ctx, const char *name, const int64_t *v, g4
     return g4_wst_write_i64(((qat_writer *)ctx)->file, name, v, err);
 }
 
-/* The mixed recipe's bits for a linear (relative name), 0 to keep it float. */
-static int linear_bits(const qat_writer *w, const char *name) {
+/* The mixed recipe's bits for a tensor (relative name), 0 to keep it float. */
+int g4_qat_mixed_bits(const g4_config *cfg, const char *name) {
+    if (!strcmp(name, "embed_tokens.weight")) return 2;
+    if (!strcmp(name, "embed_tokens_per_layer.weight")) return 4;
     if (strstr(name, "router") || !strcmp(name, "per_layer_model_projection.weight")) return 0;
-    if (w->uniform) return w->uniform;
     int layer = -1;
     sscanf(name, "layers.%d.", &layer);
     if (strstr(name, ".self_attn.")) return 4;
-    if (strstr(name, ".mlp.")) return w->cfg.n_kv_shared > 0 && layer >= w->cfg.first_shared ? 2 : 4;
+    if (strstr(name, ".mlp.")) return cfg->n_kv_shared > 0 && layer >= cfg->first_shared ? 2 : 4;
     if (strstr(name, "per_layer_input_gate") || strstr(name, "per_layer_projection")) return 8;
     return 4;
+}
+
+/* A linear's bits (relative name), 0 to keep it float. */
+static int linear_bits(const qat_writer *w, const char *name) {
+    if (strstr(name, "router") || !strcmp(name, "per_layer_model_projection.weight")) return 0;
+    return w->uniform ? w->uniform : g4_qat_mixed_bits(&w->cfg, name);
 }
 
 static g4_status declare_part(qat_writer *w, const char *pre, const char *base, const char *suffix, g4_dtype dt,
@@ -140,7 +147,7 @@ static g4_status qat_declare(void *ctx, const char *name, int ndim, const int64_
     int is_lin = ndim == 2 && n > 7 && !strcmp(name + n - 7, ".weight");
     g4_status st;
     if (embed || ple) {
-        t->bits = w->uniform ? w->uniform : embed ? 2 : 4;
+        t->bits = w->uniform ? w->uniform : g4_qat_mixed_bits(&w->cfg, name);
         int P = w->cfg.ple_width;
         t->blocks = ple && P % 32 == 0 && t->cols % P == 0 ? (int)(t->cols / P) : 1;
         if (t->cols % 32) goto as_float;
