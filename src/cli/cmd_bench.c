@@ -249,6 +249,8 @@ int cmd_bench(int argc, char **argv) {
     int32_t *toks = NULL;
     int rc = 1;
     double t0 = now();
+    /* no device, no point building a model for it (31B takes half a minute to synthesize) */
+    if (device == G4_DEVICE_CUDA && g4_device_probe(G4_DEVICE_CUDA, NULL, 0, &err)) goto fail;
     if (synth) {
         g4_synth_options so = {.seed = 1, .n_layers = layers, .n_threads = threads, .keep_layout = device == G4_DEVICE_CUDA};
         if (g4_model_synth(synth, &so, storage, &m, &err)) goto fail;

@@ -56,6 +56,11 @@ out=$("$G4" synth --arch e2b --format mlx --group 48 --out "$tmp/x" 2>&1); rc=$?
 [ $rc -ne 0 ] && [[ $out == *"group size 48"* ]] || fail "bad group: rc $rc: $out"
 out=$("$G4" synth --arch e2b --format bf16 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "missing --out accepted"
+if ! command -v nvidia-smi >/dev/null; then # no GPU here: bench says so before it builds a model
+  out=$("$G4" bench --synth e2b --device cuda 2>&1); rc=$?
+  [ $rc -ne 0 ] && [[ $out == *"no CUDA device/driver"* && $out != *"model:"* ]] ||
+    fail "bench --device cuda without a GPU: rc $rc: $out"
+fi
 out=$("$G4" convert "$tmp/nope" "$tmp/y" --format bf16 2>&1); rc=$?
 [ $rc -ne 0 ] && [[ $out == *"$tmp/nope"* ]] || fail "convert of a missing dir: rc $rc: $out"
 set -e
