@@ -531,15 +531,14 @@ int g4_widen_of(const g4_mat *w, g4_widen *o) {
     if (!bits) return 0;
     o->bits = bits <= 4 ? 4 : 8;
     o->bias = g4_wtype_additive(w->type);
+    o->centre = o->bias ? 1 << (bits - 1) : g4_wtype_offset(w); /* additive codes: their own width's midpoint */
     if (w->type == G4_W_AFFINE || w->type == G4_W_SYMM) o->group = w->group > 0 ? w->group : w->cols;
     else o->group = w->type == G4_W_Q6_K ? 16 : 32;
     return 1;
 }
 
 void g4_widen_row(const g4_mat *w, const g4_widen *o, int r, int8_t *v, float *sc, float *bi) {
-    /* additive codes are centred at 2^(bits-1) of their own width */
-    const int cbits = w->type == G4_W_Q4_1 || w->type == G4_W_Q4_K ? 4 : w->type == G4_W_Q5_1 || w->type == G4_W_Q5_K ? 5 : w->bits;
-    const int off = o->bias ? 1 << (cbits - 1) : g4_wtype_offset(w);
+    const int off = o->centre;
     for (int b = 0; b < w->cols / 32; b++) {
         g4_wblock wb;
         g4_wblock_get(w, r, b, &wb);

@@ -103,6 +103,7 @@ typedef struct g4_widen {
     int group; /* columns per scale: 32 (16 for Q6_K's sub-blocks) for GGUF blocks, the source's
                   group (cols when per row) for MLX / QAT */
     int bias;  /* additive codes: bi is written */
+    int centre; /* subtracted from the source's codes u: its offset, or 2^(bits-1) for additive codes */
 } g4_widen;
 /* 1 and *o filled when w's codes are not 4- or 8-bit ones a device reads as they are (Q4_1, Q5_0,
  * Q5_1, the K-quants, AFFINE / SYMM of 2, 3, 5, 6 or 7 bits), else 0. Not for split matrices. */

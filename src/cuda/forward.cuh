@@ -1261,6 +1261,17 @@ DEV void fp_stage(const g4c_params &p, const fp_tiles_t &tt, char *buf, int t0, 
     }
 }
 
+/* the B fragments (activation terms) of token groups q0..q0+QB-1 for k-step s of a staged chunk:
+ * both k-step kinds (bf16 and quantised weights) read them alike */
+template <int QB>
+DEV void fp_load_b(unsigned (&b)[QB][G4C_FP_TERMS][4], const unsigned short *xs, int q0, int s, int mi, int rr) {
+#pragma unroll
+    for (int qq = 0; qq < QB; qq++)
+#pragma unroll
+        for (int term = 0; term < G4C_FP_TERMS; term++)
+            ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+}
+
 /* one k-step (32 columns) of a staged chunk: this warp's tiles Ta, Tb against the token groups, four
  * groups' fragments at a time; per (tile, group) the products in a fixed order: both 16-column
  * halves, each against h, m and l (FULL: all G4C_FP_TB tokens, no guard) */
@@ -1280,11 +1291,7 @@ DEV void fp_kstep(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, int 
     for (int q0 = 0; q0 < G4C_FP_TB / 8; q0 += QB) {
         if (!FULL && 8 * q0 >= mt) break;
         unsigned b[QB][G4C_FP_TERMS][4];
-#pragma unroll
-        for (int qq = 0; qq < QB; qq++)
-#pragma unroll
-            for (int term = 0; term < G4C_FP_TERMS; term++)
-                ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+        fp_load_b<QB>(b, xs, q0, s, mi, rr);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
 #pragma unroll
@@ -1417,11 +1424,7 @@ DEV void fp_kstep_q(float (&c)[2][G4C_FP_TB / 8][4], const char *buf, int Ta, in
     for (int q0 = 0; q0 < G4C_FP_TB / 8; q0 += QB) {
         if (!FULL && 8 * q0 >= mt) break;
         unsigned b[QB][G4C_FP_TERMS][4];
-#pragma unroll
-        for (int qq = 0; qq < QB; qq++)
-#pragma unroll
-            for (int term = 0; term < G4C_FP_TERMS; term++)
-                ldsm4(b[qq][term], xs + ((size_t)term * G4C_FP_TB + 8 * (q0 + qq) + rr) * G4C_FP_LDS + 32 * s + 8 * mi);
+        fp_load_b<QB>(b, xs, q0, s, mi, rr);
         float d[2][QB][4];
 #pragma unroll
         for (int i = 0; i < 2; i++)
