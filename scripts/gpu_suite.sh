@@ -73,6 +73,12 @@ if [ -d "$QFIX" ] && [ -d "$QREF" ]; then
   cat "$LOG.quant" | tee -a "$LOG" >/dev/null
   grep -v '^PASS' "$LOG.quant"
   summary+=("$r quantised weights: $(tail -n 1 "$LOG.quant")")
+  # the same with per-channel 4-bit rows on the integer tensor cores (G4_CUDA_IMMA=1, opt-in)
+  say "== GPU quantised weights vs CPU, integer tensor cores (G4_CUDA_IMMA=1)"
+  if G4_CUDA_IMMA=1 timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens 64 "${pairs[@]}" >"$LOG.iq" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
+  cat "$LOG.iq" | tee -a "$LOG" >/dev/null
+  grep '^FAIL' "$LOG.iq"
+  summary+=("$r quantised weights (integer tensor cores): $(tail -n 1 "$LOG.iq")")
 fi
 if [ "${G4_SKIP_BENCH:-0}" != 1 ]; then
   say "== benchmark"

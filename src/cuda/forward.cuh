@@ -686,14 +686,8 @@ DEVN void finish_argmax(const g4c_params &p, int m0, int m1, int kind, int step,
     if (threadIdx.x == 0) p.ctl->done_count = 0;
 }
 
-/* warps' (value, index) for tokens m < mt of a tile -> this block's partials at [t0 + m] */
-DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0)
-        for (int m = 0; m < G4C_MT; m++) {
-            tl.bv[warp * G4C_MT + m] = bv[m];
-            tl.bi[warp * G4C_MT + m] = bi[m];
-        }
+/* the warps' entries tl.bv/bi [warp][m] for tokens m < mt of a tile -> this block's partials at [t0 + m] */
+DEV void block_argmax_combine(const g4c_params &p, const tail_t &tl, int t0, int mt) {
     __syncthreads();
     if ((int)threadIdx.x < mt) {
         int m = threadIdx.x;
@@ -707,6 +701,16 @@ DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *
         p.amax_part[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = v;
         p.amax_idx[(size_t)blockIdx.x * G4C_MAXB + t0 + m] = i;
     }
+}
+/* warps' (value, index) for tokens m < mt of a tile (lane 0's bv/bi) -> this block's partials */
+DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0)
+        for (int m = 0; m < G4C_MT; m++) {
+            tl.bv[warp * G4C_MT + m] = bv[m];
+            tl.bi[warp * G4C_MT + m] = bi[m];
+        }
+    block_argmax_combine(p, tl, t0, mt);
 }
 
 /* ---- ops ------------------------------------------------------------------------------------------ */
@@ -897,6 +901,333 @@ DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, fl
     case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
     case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
     default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    }
+}
+
+/* ---- 4-bit rows on the integer tensor cores ------------------------------------------------------ */
+
+/* Another reduction procedure for 4-bit rows with one scale per row and no bias (QAT int4, per
+ * channel; the CUDA-core dot2 being the other): chosen per stage (iq_stage), so every M runs the
+ * same one. Each token's input row x is written once per stage as an exact integer vector with one
+ * power-of-two scale: X = rn(x · 2^(29−E)), E = ilogb(max |x|), so |X| ≤ 2^30 and each element is
+ * within 2^(E−30) of x (2^-30 of the row's largest element; three digits, 2^-22, measured up to
+ * 2.7e-3 on the fixtures' logits against 2e-3 allowed); X = d0 + 2^8·d1 + 2^16·d2 + 2^24·d3 in
+ * balanced signed bytes (iq_digits). The codes are read as signed bytes 16·(u − 8) (u the stored
+ * nibble; one shift and one lop3 per 8 codes), and mma.m16n8k32.s8.s8.s32 computes Σ 16·q·d_j
+ * for 16 rows and 8 columns at once, the columns being the four digit planes of two tokens: exact
+ * integer sums over a warp's whole K range. Per column, acc = s·float(sum); per token and row,
+ * y = 2^(E−33)·((acc_3·256 + acc_2)·65536 + (acc_1·256 + acc_0)). A token's digits meet only its
+ * own columns of the product, so its outputs are the same for any M and any place in the tile.
+ *
+ * Opt-in (G4_CUDA_IMMA=1; the session then launches the instantiations with G4C_KM_IQ, so the
+ * default ones keep their register allocation). Measured on the H200, 2026-12-01 (ctx 128, dot2 ->
+ * this): E2B qat-int4 exact prefill 1160 -> 2559 tok/s, verify k = 1 / 3 / 6 1.93 / 2.70 / 4.66x ->
+ * 1.44 / 2.04 / 2.93x of a step, but a decode step 288 -> 238 tok/s (E4B: 623 -> 1517, 199 -> 159).
+ * The stage's work is no shorter than dot2's (E2B gate/up 19.9 µs for 9.6 MB), the digit planes add
+ * 1–2 µs per stage to the input tile, and an L2 prefetch of each team's items changed nothing.
+ * Tried: three digits (2^-22 of the row maximum) failed the 2e-3 check on dense-mini qat-int2 at
+ * 2.7e-3; rows with a scale per 32 or 64 columns (Q4_0, MLX) need a float step per group and ran
+ * slower still (mlx-4 decode 196 -> 128), so only per-channel rows take this procedure.
+ *
+ * Layout: an item is 16 rows of one part (gate/up pairs: 8 gate rows, then the same 8 up rows), and
+ * a team of S warps (a function of K alone) splits its K/32 k-steps in S contiguous ranges; lane
+ * 4g+t reads word t (8 codes) of each 16-byte chunk of rows g and g+8, and its digits' B fragment
+ * for k-step c from the plane at c·128 + (j·4 + t)·8 bytes (digit j = g mod 4 of token g / 4). */
+enum { IQ_SCRATCH = 2 * G4C_WARPS * 16 * G4C_MT + G4C_WARPS * G4C_MT + G4C_MT }; /* floats after the digits */
+
+typedef struct {
+    signed char *dg; /* [mt_cap][K/32][4][4][8] digit planes */
+    float *part;     /* [2][WARPS][16][MT] team partials (double-buffered) */
+    float *wmax;     /* [WARPS][MT] */
+    int *ex;         /* [MT] E per token */
+} iq_smem;
+
+DEV int iq_cap(const g4c_params &p, int K) { return (p.smem_in_floats - IQ_SCRATCH) / (G4C_TILE_LD(K) + K); }
+
+DEV bool iq_stage(const g4c_op *op, const g4c_params &p) {
+    if (!p.imma || op->mma_ks || op->nparts < 1) return false;
+    for (int i = 0; i < op->nparts; i++) {
+        const g4c_mat &w = op->part[i].w;
+        if (w.type != G4C_Q4 || (w.flags & G4C_QF_BIAS) || w.group != w.cols || w.cols != op->part[0].w.cols) return false;
+    }
+    return iq_cap(p, op->part[0].w.cols) >= 1;
+}
+
+DEV iq_smem iq_smem_of(float *sm, int ldk, int K, int mt_cap) {
+    iq_smem s;
+    s.dg = (signed char *)(sm + (size_t)mt_cap * ldk);
+    s.part = (float *)(s.dg + (size_t)mt_cap * 4 * K);
+    s.wmax = s.part + 2 * G4C_WARPS * 16 * G4C_MT;
+    s.ex = (int *)(s.wmax + G4C_WARPS * G4C_MT);
+    return s;
+}
+
+/* the digit planes of rows 0..mt-1 of the input tile (every thread; ends with a __syncthreads) */
+DEVN void iq_digits(const float *sm, int ldk, int K, int mt, const iq_smem &s) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int m = 0; m < mt; m++) {
+        float mx = 0.0f;
+#pragma unroll 1
+        for (int i = tid; i < K; i += G4C_THREADS) mx = fmaxf(mx, fabsf(sm[(size_t)m * ldk + px(i)]));
+        mx = warp_max_f(mx);
+        if (lane == 0) s.wmax[warp * G4C_MT + m] = mx;
+    }
+    __syncthreads();
+    if (tid < mt) { /* a maximum: the same whatever the order */
+        float mx = 0.0f;
+        for (int w = 0; w < G4C_WARPS; w++) mx = fmaxf(mx, s.wmax[w * G4C_MT + tid]);
+        s.ex[tid] = mx > 0.0f && mx <= 3.4028234e38f ? ilogbf(mx) : 0;
+    }
+    __syncthreads();
+    const int nq = K / 8; /* (chunk, word) pairs per token */
+#pragma unroll 1
+    for (int idx = tid; idx < mt * nq; idx += G4C_THREADS) {
+        const int m = idx / nq, r = idx - m * nq, c = r >> 2, t = r & 3;
+        const float *x = sm + (size_t)m * ldk + px(32 * c + 8 * t);
+        const float4 xa = *reinterpret_cast<const float4 *>(x), xb = *reinterpret_cast<const float4 *>(x + 4);
+        const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        /* x · 2^(29−E) as two exact power-of-two products (each factor a normal float) */
+        const int sh = 29 - s.ex[m], h1 = sh >> 1;
+        const float f1 = __int_as_float((h1 + 127) << 23), f2 = __int_as_float((sh - h1 + 127) << 23);
+        unsigned d[4][2] = {{0u, 0u}, {0u, 0u}, {0u, 0u}, {0u, 0u}};
+#pragma unroll
+        for (int e = 0; e < 8; e++) { /* even elements: the codes' low nibbles (b0), odd: high (b1) */
+            int X = __float2int_rn((xv[e] * f1) * f2);
+            const int h = e & 1, b = 8 * (e >> 1);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int dj = j < 3 ? (int)(signed char)(X & 0xff) : X; /* the last: |d3| <= 64 */
+                d[j][h] |= (unsigned)(dj & 0xff) << b;
+                X = (X - dj) >> 8;
+            }
+        }
+        uint2 *dst = reinterpret_cast<uint2 *>(s.dg + (size_t)m * 4 * K + (size_t)c * 128) + t;
+#pragma unroll
+        for (int j = 0; j < 4; j++) dst[4 * j] = make_uint2(d[j][0], d[j][1]);
+    }
+    __syncthreads();
+}
+
+DEV void mma_s8(int (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* one 4-byte word of a weight row (L1 keeps the sector's other half for the next k-step) */
+DEV unsigned ld_w4(const void *p, unsigned long long pol) {
+    unsigned r;
+    asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(pol));
+    return r;
+}
+
+/* a stage's item geometry: items per part, the team size and this warp's place */
+typedef struct {
+    int items[G4C_MAXPART], total, S, team, j, tg, nteams, ks_beg, ks_end;
+} iq_geom;
+
+DEV iq_geom iq_geom_of(const g4c_op *op, const g4c_params &p, int blk, int nblk) {
+    iq_geom q;
+    const int nparts = (op->lm && !p.want_logits) ? 0 : op->nparts, pair = op->epi == G4C_EPI_GELU_PAIR;
+    q.total = 0;
+#pragma unroll
+    for (int i = 0; i < G4C_MAXPART; i++) {
+        q.items[i] = i < nparts && (!pair || i == 0) ? (op->part[i].w.rows + (pair ? 7 : 15)) / (pair ? 8 : 16) : 0;
+        q.total += q.items[i];
+    }
+    const int nks = op->part[0].w.cols / 32, warp = threadIdx.x >> 5;
+    q.S = 1;
+    while (q.S < G4C_WARPS && nks / (2 * q.S) >= 16) q.S *= 2;
+    const int tpb = G4C_WARPS / q.S;
+    q.team = warp / q.S;
+    q.j = warp % q.S;
+    q.tg = q.team * nblk + blk; /* consecutive items on different blocks */
+    q.nteams = nblk * tpb;
+    q.ks_beg = q.j * nks / q.S;
+    q.ks_end = (q.j + 1) * nks / q.S;
+    return q;
+}
+
+/* item it -> part (returned) and its index within the part */
+DEV int iq_item(const iq_geom &q, int it, int *li) {
+    int pi = 0;
+    *li = it;
+#pragma unroll
+    for (int k = 0; k + 1 < G4C_MAXPART; k++)
+        if (pi == k && *li >= q.items[k]) {
+            *li -= q.items[k];
+            pi = k + 1;
+        }
+    return pi;
+}
+/* The products of one input tile (tokens t0 .. t0+mt-1, digits built) for a stage iq_stage took. */
+template <int MTT>
+DEVT void mm_tile_iq(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk,
+                     const iq_smem &s) {
+    /* column groups; k-steps per batch (loads in flight: 2·U words per lane); accumulator chains */
+    constexpr int CG = (MTT + 1) / 2, U = MTT > 4 ? 12 : 24, NA = CG == 1 ? 2 : 1;
+    const tail_t tl = tail_of(sm, p);
+    const iq_geom q = iq_geom_of(op, p, blk, nblk);
+    const bool pair = op->epi == G4C_EPI_GELU_PAIR;
+    const int K = op->part[0].w.cols, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool own = (t & 1) == 0; /* t = 0: token 2·cg of each column group, t = 2: token 2·cg + 1 */
+    const int mo = t >> 1;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    const signed char *bp[CG];
+    bool bok[CG];
+#pragma unroll
+    for (int c = 0; c < CG; c++) {
+        const int m = 2 * c + (g >> 2);
+        bok[c] = m < mt;
+        bp[c] = s.dg + (size_t)(bok[c] ? m : 0) * 4 * K + ((g & 3) * 4 + t) * 8;
+    }
+    float bv[CG];
+    int bi[CG];
+#pragma unroll
+    for (int c = 0; c < CG; c++) {
+        bv[c] = -INFINITY;
+        bi[c] = INT_MAX;
+    }
+    int parity = 0;
+#pragma unroll 1
+    for (int it = q.tg; it < q.total; it += q.nteams) {
+        int li;
+        const int pi = iq_item(q, it, &li);
+        const g4c_part *P0 = &op->part[pi];
+        const g4c_mat &wa = P0->w, &wb = pair ? op->part[1].w : P0->w;
+        const int ra = pair ? 8 * li + g : 16 * li + g, rb = pair ? ra : ra + 8;
+        const bool va = ra < wa.rows, vb = rb < wb.rows;
+        const char *pa = (const char *)wa.data + (size_t)(va ? ra : wa.rows - 1) * wa.row_bytes;
+        const char *pb = (const char *)wb.data + (size_t)(vb ? rb : wb.rows - 1) * wb.row_bytes;
+        /* the rows' scales first (read at the end), then every code of a batch, then the products
+         * (integer sums are associative: NA independent accumulator chains, added exactly) */
+        const float sa = q_param(pa, wa.sc_off, wa.stype, 0), sb = q_param(pb, wb.sc_off, wb.stype, 0);
+        int c[NA][CG][4];
+#pragma unroll
+        for (int n = 0; n < NA; n++)
+#pragma unroll
+            for (int cg = 0; cg < CG; cg++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) c[n][cg][i] = 0;
+#pragma unroll 1
+        for (int ks = q.ks_beg; ks < q.ks_end; ks += U) {
+            unsigned xa[U], xb[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = ks + u;
+                xa[u] = k < q.ks_end ? ld_w4(pa + (size_t)k * 16 + 4 * t, pol) : 0u;
+                xb[u] = k < q.ks_end ? ld_w4(pb + (size_t)k * 16 + 4 * t, pol) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = ks + u;
+                if (k >= q.ks_end) break;
+                /* bytes 16·(u − 8): a0/a1 the even codes (low nibbles) of rows g / g+8, a2/a3 the odd */
+                const unsigned a0 = ((xa[u] << 4) & 0xF0F0F0F0u) ^ 0x80808080u, a2 = (xa[u] & 0xF0F0F0F0u) ^ 0x80808080u;
+                const unsigned a1 = ((xb[u] << 4) & 0xF0F0F0F0u) ^ 0x80808080u, a3 = (xb[u] & 0xF0F0F0F0u) ^ 0x80808080u;
+#pragma unroll
+                for (int cg = 0; cg < CG; cg++) {
+                    const uint2 b = bok[cg] ? *reinterpret_cast<const uint2 *>(bp[cg] + (size_t)k * 128) : make_uint2(0u, 0u);
+                    mma_s8(c[u % NA][cg], a0, a1, a2, a3, b.x, b.y);
+                }
+            }
+        }
+        float acc[CG][4];
+#pragma unroll
+        for (int cg = 0; cg < CG; cg++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int v = c[0][cg][i];
+#pragma unroll
+                for (int n = 1; n < NA; n++) v += c[n][cg][i];
+                acc[cg][i] = (i < 2 ? sa : sb) * (float)v;
+            }
+        /* digits -> values: token 2·cg (columns 0..3) at t = 0, token 2·cg + 1 (4..7) at t = 2; each
+         * lane first joins its two columns, d1·256 + d0 (t even) or d3·256 + d2 (t odd) */
+        float y[CG][2];
+#pragma unroll
+        for (int cg = 0; cg < CG; cg++) {
+            const float la = acc[cg][1] * 256.0f + acc[cg][0], lb = acc[cg][3] * 256.0f + acc[cg][2];
+            const float ha = __shfl_down_sync(0xffffffffu, la, 1), hb = __shfl_down_sync(0xffffffffu, lb, 1);
+            /* this warp's part of the output (own lanes) */
+            const int m = 2 * cg + mo, e = m < mt ? s.ex[m] - 33 : 0;
+            y[cg][0] = scalbnf(ha * 65536.0f + la, e);
+            y[cg][1] = scalbnf(hb * 65536.0f + lb, e);
+        }
+        if (q.S > 1) { /* the team's partials, added in warp order by its first warp */
+            float *tp = s.part + (size_t)parity * G4C_WARPS * 16 * G4C_MT;
+            parity ^= 1;
+            if (own)
+#pragma unroll
+                for (int cg = 0; cg < CG; cg++) {
+                    const int m = 2 * cg + mo;
+                    if (m < MTT) {
+                        tp[(warp * 16 + g) * G4C_MT + m] = y[cg][0];
+                        tp[(warp * 16 + g + 8) * G4C_MT + m] = y[cg][1];
+                    }
+                }
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + q.team), "r"(32 * q.S) : "memory");
+            if (q.j == 0 && own)
+#pragma unroll
+                for (int cg = 0; cg < CG; cg++) {
+                    const int m = 2 * cg + mo;
+                    if (m < MTT)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            float v = tp[(warp * 16 + g + 8 * h) * G4C_MT + m];
+                            for (int w = 1; w < q.S; w++) v = v + tp[((warp + w) * 16 + g + 8 * h) * G4C_MT + m];
+                            y[cg][h] = v;
+                        }
+                }
+        }
+        if (q.j == 0 && own) {
+            float *yp = P0->y + (size_t)step * P0->y_step;
+            const int track = P0->argmax;
+#pragma unroll
+            for (int cg = 0; cg < CG; cg++) {
+                const int m = 2 * cg + mo;
+                if (m >= MTT || m >= mt) continue;
+                const size_t tm = (size_t)(t0 + m);
+                const float ya = y[cg][0], yb = y[cg][1];
+                if (pair) {
+                    if (va) yp[tm * P0->ldy + ra] = gelu_tanh(ya) * yb;
+                } else {
+                    if (va) {
+                        const float v = mm_store(op, P0, step, tm, ra, ya);
+                        if (track && better(v, ra, bv[cg], bi[cg])) {
+                            bv[cg] = v;
+                            bi[cg] = ra;
+                        }
+                    }
+                    if (vb) {
+                        const float v = mm_store(op, P0, step, tm, rb, yb);
+                        if (track && better(v, rb, bv[cg], bi[cg])) {
+                            bv[cg] = v;
+                            bi[cg] = rb;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (amax) { /* per column group: the lanes of one t, then the warp's entry per token */
+#pragma unroll
+        for (int cg = 0; cg < CG; cg++) {
+            for (int o = 4; o < 32; o <<= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv[cg], o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi[cg], o);
+                if (better(ov, oi, bv[cg], bi[cg])) {
+                    bv[cg] = ov;
+                    bi[cg] = oi;
+                }
+            }
+            const int m = 2 * cg + mo;
+            if ((lane == 0 || lane == 2) && m < G4C_MT) {
+                tl.bv[warp * G4C_MT + m] = bv[cg];
+                tl.bi[warp * G4C_MT + m] = bi[cg];
+            }
+        }
+        block_argmax_combine(p, tl, t0, mt);
     }
 }
 
@@ -1654,7 +1985,9 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     for (int i = 0; i < sh.nparts; i++)
         if (op->part[i].argmax) amax = op->part[i].argmax;
     const bool mma = (TM & G4C_KM_MMA) && op->mma_ks > 0;
-    int mt_cap = (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
+    bool iq = false;
+    if constexpr ((TM & G4C_KM_IQ) != 0) iq = iq_stage(op, p);
+    int mt_cap = iq ? iq_cap(p, K) : (p.smem_in_floats - (mma ? G4C_MMA_SCRATCH : 0)) / ldk;
     if (mt_cap > (mma ? G4C_MMA_MT : G4C_MT)) mt_cap = mma ? G4C_MMA_MT : G4C_MT;
     const int warp = threadIdx.x >> 5, ntiles = (M - m_begin + mt_cap - 1) / mt_cap;
     /* The wide kernels give each token tile of a stage its own group of blocks (the last group
@@ -1671,6 +2004,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
             tstep = ntiles;
         }
     }
+    const iq_smem iqs = iq_smem_of(sm, ldk, K, mt_cap);
     for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
@@ -1683,6 +2017,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
             else
                 load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0);
         }
+        if (iq && sh.total) iq_digits(sm, ldk, K, mt, iqs);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if constexpr ((TM & G4C_KM_MMA) != 0) {
             if (sh.total && mma) {
@@ -1696,7 +2031,14 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
                 }
             }
         }
-        if (sh.total && !mma) {
+        if constexpr ((TM & G4C_KM_IQ) != 0) {
+            if (sh.total && iq) {
+                if (mt == 1) mm_tile_iq<1>(op, p, step, sm, t0, mt, amax, blk, nblk, iqs);
+                else if (mt <= 4) mm_tile_iq<4>(op, p, step, sm, t0, mt, amax, blk, nblk, iqs);
+                else mm_tile_iq<G4C_MT>(op, p, step, sm, t0, mt, amax, blk, nblk, iqs);
+            }
+        }
+        if (sh.total && !mma && !iq) {
             if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
             else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
             else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax, blk, nblk);

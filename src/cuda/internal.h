@@ -17,11 +17,12 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
 /* The persistent kernel's instantiations (forward.cuh g4c_kernel<mask>), smallest first: a launch
  * takes the first whose mask covers its stages (forward.cu g4c_launch). Each is compiled in its own
  * translation unit (src/cuda/inst/kernel.cu with -DG4C_INST=i), so they build in parallel. */
-#define G4C_N_INST 9
+#define G4C_N_INST 13
 #define G4C_INST_MASKS                                                                                    \
     {G4C_KM_DENSE, G4C_KM_DENSE | G4C_KM_MMA, G4C_KM_DENSE | G4C_KM_Q4, G4C_KM_DENSE | G4C_KM_Q8, G4C_KM_ALL, \
      G4C_KM_DENSE | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_WIDE,   \
-     G4C_KM_ALL | G4C_KM_WIDE}
+     G4C_KM_ALL | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ, G4C_KM_ALL | G4C_KM_IQ,                \
+     G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ | G4C_KM_WIDE, G4C_KM_ALL | G4C_KM_IQ | G4C_KM_WIDE}
 /* One launch of the program in p (cooperative: every block resident). */
 cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream);
 /* Copies staged rows [0, n) of every layer into its cache at positions stage_pos.. */

@@ -85,6 +85,9 @@ enum {
     G4C_KM_MMA = 1 << 5,
     G4C_KM_ALL = G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_Q4 | G4C_KM_MMA,
     G4C_KM_WIDE = 1 << 6,
+    G4C_KM_IQ = 1 << 7, /* the integer tensor-core procedure for 4-bit rows (forward.cuh mm_tile_iq;
+                           only in the instantiations that carry it, so the others keep their
+                           register allocation) */
     G4C_WIDE_M = 8,
 };
 
@@ -287,5 +290,7 @@ typedef struct g4c_params {
     float *fp_part;       /* K segments' partials [item][segment][G4C_FP_SLOT] */
     int *fp_cnt;          /* [band · token blocks] segments finished (back to 0 once added) */
     float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */
+    int imma;             /* 1: per-channel 4-bit stages run on the integer tensor cores
+                             (forward.cuh mm_tile_iq; G4_CUDA_IMMA=1 at creation) */
 } g4c_params;
 #endif

@@ -90,6 +90,7 @@ struct g4_cuda {
     int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
     int evict_first, op_local;           /* g4_cuda_set_mode */
     int mma_bf16;                        /* bf16 matmuls on the tensor cores (G4_CUDA_MMA at creation) */
+    int imma;                            /* 4-bit stages on the integer tensor cores (G4_CUDA_IMMA) */
     int smem_need;                       /* floats of the widest input tile row */
     unsigned kmask;                      /* G4C_KM_* of every stage list uploaded (push_ops) */
     size_t smem;
@@ -868,8 +869,13 @@ static unsigned kernel_mask(const g4_cuda *c) {
     for (const std::vector<g4c_op> *list : {&c->ops, &c->dops})
         for (const g4c_op &o : *list) {
             if (o.kind == G4C_OP_MATMUL) {
-                for (int i = 0; i < o.nparts; i++)
-                    if (o.part[i].w.data) m |= 1u << o.part[i].w.type;
+                for (int i = 0; i < o.nparts; i++) {
+                    const g4c_mat &w = o.part[i].w;
+                    if (!w.data) continue;
+                    m |= 1u << w.type;
+                    /* per-channel 4-bit rows without a bias: the integer tensor cores when asked */
+                    if (c->imma && w.type == G4C_Q4 && !(w.flags & G4C_QF_BIAS) && w.group == w.cols) m |= G4C_KM_IQ;
+                }
                 if (o.mma_ks) m |= G4C_KM_MMA;
             } else if (o.kind == G4C_OP_EXPERT) {
                 m |= 1u << o.ew.type;
@@ -974,6 +980,11 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * gain. Another reduction procedure: compare logits only within one setting. */
         const char *e = getenv("G4_CUDA_MMA");
         c->mma_bf16 = e && ((atoi(e) >> G4C_BF16) & 1);
+        /* per-channel 4-bit rows on the integer tensor cores (forward.cuh mm_tile_iq): off by
+         * default (decode at M = 1 is slower than dot2 today; see there), G4_CUDA_IMMA=1 turns it
+         * on. Another reduction procedure: compare logits only within one setting. */
+        const char *ie = getenv("G4_CUDA_IMMA");
+        c->imma = ie && atoi(ie) != 0;
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
@@ -1096,6 +1107,7 @@ static g4c_params base_params(const g4_cuda *c) {
     p.smem_in_floats = c->smem_in;
     p.pf_items = c->pf_items;
     p.pf_self = c->pf_self;
+    p.imma = c->imma;
     p.eps = c->m->cfg.rms_eps;
     p.skip = c->skip;
     p.rep = c->rep;
