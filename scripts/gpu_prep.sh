@@ -2,7 +2,7 @@
 # Prepares what a GPU machine without the project's build packages needs for scripts/gpu_suite.sh
 # (the lent H200 image has nvcc but no libcjson/libedit headers, ../shared does not travel, and a
 # call carries at most 64 MiB):
-#   scripts/gpu_prep.sh bins BUILD NAME   .gpu/NAME.tar.xz: BUILD's g4, tests/gpu/gpu_exact and
+#   scripts/gpu_prep.sh bins BUILD NAME   .gpu/NAME.tar.xz: BUILD's g4, tests/gpu/gpu_exact, gpu_gemm and
 #                                         bench/gpu_bench (debug info stripped) as .gpu/NAME/...;
 #                                         .gpu/lib/: the shared libraries they need beyond the image's
 #   scripts/gpu_prep.sh data [G4]         .gpu/data.tar.xz: the fixtures (.gpu/fixtures/gemma4/) and
@@ -24,7 +24,7 @@ case $mode in
   bins)
     BUILD=${2:?build folder}; NAME=${3:?name}
     mkdir -p "$G/$NAME/tests/gpu" "$G/$NAME/bench" "$G/lib"
-    for b in g4 tests/gpu/gpu_exact bench/gpu_bench; do
+    for b in g4 tests/gpu/gpu_exact tests/gpu/gpu_gemm bench/gpu_bench; do
       [ -x "$BUILD/$b" ] || { echo "gpu_prep: $BUILD/$b is missing (make BUILD=$BUILD $BUILD/$b)" >&2; exit 1; }
       strip --strip-debug -o "$G/$NAME/$b" "$BUILD/$b"
     done

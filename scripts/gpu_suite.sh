@@ -32,7 +32,7 @@ command -v nvidia-smi >/dev/null && run nvidia-smi --query-gpu=name,driver_versi
 if [ "${G4_PREBUILT:-0}" != 1 ]; then
   say "== build ($BUILD)"
   t0=$(date +%s)
-  if ! run make -j"$(nproc)" BUILD="$BUILD" "$BUILD/g4" "$BUILD/tests/gpu/gpu_exact" "$BUILD/bench/gpu_bench" >/dev/null; then
+  if ! run make -j"$(nproc)" BUILD="$BUILD" "$BUILD/g4" "$BUILD/tests/gpu/gpu_exact" "$BUILD/tests/gpu/gpu_gemm" "$BUILD/bench/gpu_bench" >/dev/null; then
     say "BUILD FAILED"; exit 1
   fi
   say "built in $(( $(date +%s) - t0 )) s"
@@ -40,6 +40,15 @@ fi
 
 declare -a summary=()
 fail=0
+# the prefill GEMM kernel on its own (src/cuda/pgemm.cu): against a double reference, bitwise the
+# same for any number of tokens; then its speed on E2B's matmul shapes
+if [ -x "$BUILD/tests/gpu/gpu_gemm" ]; then
+  say "== prefill GEMM kernel"
+  if run timeout 120 "$BUILD/tests/gpu/gpu_gemm" >"$LOG.gemm" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
+  cat "$LOG.gemm" >>"$LOG"
+  summary+=("$r gpu_gemm: $(tail -n 1 "$LOG.gemm")")
+  [ "${G4_SKIP_BENCH:-0}" = 1 ] || run timeout 300 "$BUILD/tests/gpu/gpu_gemm" --bench
+fi
 if [ -n "$FIX" ]; then
   say "== g4 check --device cuda"
   for d in "$FIX"/gemma4/*/; do

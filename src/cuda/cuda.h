@@ -99,6 +99,13 @@ void g4_cuda_set_rep(g4_cuda *c, int rep);
  * logits only within one setting), and the shared memory per block in KB (0: keep; less leaves
  * more L1 but tiles fewer tokens). */
 g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb, g4_error *err);
+/* The prefill GEMM on its own (src/cuda/pgemm.cu; a building block of the prefill path, checked and
+ * timed by tests/gpu/gpu_gemm): y[m][r] = sum_k w[r][k] · (h + mid + l)[m][k] for m < M, r < N, where
+ * terms holds the three bf16 planes [3][M][K] of the inputs (x = h + mid + l, each bf16 of the
+ * remainder so far) and w is bf16 row-major [N][K]; host arrays, K a multiple of 32. reps > 0 also
+ * times that many launches (*ms: mean per launch). */
+g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int M, int N, int K, float *y, int reps, double *ms,
+                        g4_error *err);
 /* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
 g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
 /* The persistent kernel's grid (blocks), stages per token and bytes of device memory in use. */

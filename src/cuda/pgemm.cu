@@ -1,0 +1,208 @@
+/* The prefill GEMM as a kernel of its own (not yet on the session's path; measured and checked by
+ * tests/gpu/gpu_gemm): Y[m][r] = sum_k W[r][k] · x[m][k] for a prompt's M tokens, with each input
+ * row given as the prefill procedure's three bf16 terms x = h + mid + l (forward.cuh split_bf16,
+ * fp_prep) and W bf16 row-major.
+ *
+ * Why a kernel of its own: inside the persistent kernel a prefill matmul stage is an input phase,
+ * a grid barrier, 64-token items and (for most shapes) a K split with a second barrier and a
+ * reduction; traced on the H200 (E2B bf16, 64-token chunk) its gate/up stage streams 37.8 MB in
+ * 81 µs (~0.46 TB/s, ~90 TFLOP/s of bf16 products) and a 256-token chunk runs at ~6.3k tok/s. Here
+ * a block owns a 128-row × 128-token output tile over the whole K range: no barrier, no split, no
+ * partials, a 3-deep cp.async pipeline of 64-column chunks, every weight byte meets 128 tokens.
+ *
+ * Exactness: each output is one accumulator, taking per 32-column k-step its two 16-column halves
+ * in order and per half the products with h, mid and l in that order (the order of forward.cuh
+ * fp_kstep), k-steps ascending. Which tile a token or a row falls in changes nothing, so a token's
+ * outputs are the same bits for any M. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/cuda.h"
+#include "cuda/forward.cuh"
+extern "C" {
+#include "util/error.h"
+}
+
+namespace {
+constexpr int PG_BM = 128;                /* weight rows per block tile */
+constexpr int PG_BN = 128;                /* tokens per block tile */
+constexpr int PG_KC = 64;                 /* columns per staged chunk: two k-steps (the last may hold one) */
+constexpr int PG_NBUF = 3;                /* chunks in the pipeline (H200, E2B shapes at 2048 tokens: 64 x 3
+                                             26.0k tok/s of matmuls, 32 x 4 and 32 x 5 22.6k) */
+constexpr int PG_LDS = PG_KC + 8;         /* staged row stride (bf16): 16 bytes of padding, ldmatrix conflict-free */
+constexpr int PG_TERMS = G4C_FP_TERMS;
+constexpr int PG_PR = PG_KC / 8;          /* 16-byte pieces per staged row */
+constexpr int PG_WS = PG_BM * PG_LDS;     /* bf16 elements of a chunk's weights */
+constexpr int PG_XS = PG_TERMS * PG_BN * PG_LDS;
+constexpr int PG_BUF = PG_WS + PG_XS;
+constexpr size_t PG_SMEM = sizeof(unsigned short) * PG_NBUF * PG_BUF;
+constexpr int PG_THREADS = 256;           /* 8 warps: 2 (64 rows each) x 4 (32 tokens each) */
+} // namespace
+
+__global__ void __launch_bounds__(PG_THREADS, 1)
+    g4c_pgemm_kernel(const unsigned short *__restrict__ x, size_t ts, int ldx, int M, const unsigned short *__restrict__ w,
+                     long long ldw, int N, int K, float *__restrict__ y, int ldy, float *__restrict__ part) {
+    extern __shared__ __align__(16) unsigned short pg_sm[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
+    /* token tiles fastest: the blocks running at once share a few row tiles' weights through L2 */
+    const int n0 = blockIdx.x * PG_BN, r0 = blockIdx.y * PG_BM;
+    const int wrow = (warp & 1) * 64, wtok = (warp >> 1) * 32;
+    /* K segment blockIdx.z of gridDim.z (a function of N and K only: pg_segments) */
+    const int nks = K / 32, kb = (int)((long long)blockIdx.z * nks / gridDim.z), ke = (int)((long long)(blockIdx.z + 1) * nks / gridDim.z);
+    const int nk = (ke - kb + 1) / 2; /* chunks */
+    if (gridDim.z > 1) { /* the segment's partial sums, added in segment order by g4c_pgemm_reduce */
+        y = part + (size_t)blockIdx.z * M * N;
+        ldy = N;
+    }
+    auto stage = [&](int b, int kc) {
+        unsigned short *ws = pg_sm + (size_t)b * PG_BUF, *xs = ws + PG_WS;
+        const int k0 = 32 * kb + kc * PG_KC, lim = 32 * ke - k0; /* columns of the segment left */
+#pragma unroll
+        for (int j = 0; j < PG_BM * PG_PR / PG_THREADS; j++) {
+            const int f = tid + j * PG_THREADS, r = f / PG_PR, c = f % PG_PR;
+            if (8 * c >= lim) continue;
+            cp16(ws + r * PG_LDS + 8 * c, w + (size_t)min(r0 + r, N - 1) * ldw + k0 + 8 * c);
+        }
+#pragma unroll
+        for (int j = 0; j < PG_TERMS * PG_BN * PG_PR / PG_THREADS; j++) {
+            const int f = tid + j * PG_THREADS, term = f / (PG_BN * PG_PR), m = f / PG_PR % PG_BN, c = f % PG_PR;
+            if (8 * c >= lim) continue;
+            cp16(xs + (term * PG_BN + m) * PG_LDS + 8 * c, x + term * ts + (size_t)min(n0 + m, M - 1) * ldx + k0 + 8 * c);
+        }
+    };
+#pragma unroll
+    for (int b = 0; b < PG_NBUF - 1; b++) {
+        if (b < nk) stage(b, b);
+        cp_commit();
+    }
+    float c[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) c[i][q][e] = 0.0f;
+#pragma unroll 1
+    for (int kc = 0; kc < nk; kc++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(PG_NBUF - 2) : "memory");
+        __syncthreads(); /* chunk kc is in; every warp is done with chunk kc - 1's buffer */
+        if (kc + PG_NBUF - 1 < nk) stage((kc + PG_NBUF - 1) % PG_NBUF, kc + PG_NBUF - 1);
+        cp_commit();
+        const unsigned short *ws = pg_sm + (size_t)(kc % PG_NBUF) * PG_BUF, *xs = ws + PG_WS;
+        auto kstep = [&](int ks) {
+            unsigned b[4][PG_TERMS][4];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int term = 0; term < PG_TERMS; term++)
+                    ldsm4(b[q][term], xs + (term * PG_BN + wtok + 8 * q + rr) * PG_LDS + 32 * ks + 8 * mi);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                unsigned a[4][4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    ldsm4(a[i], ws + (wrow + 16 * i + (mi & 1) * 8 + rr) * PG_LDS + 32 * ks + 16 * hf + (mi >> 1) * 8);
+#pragma unroll
+                for (int term = 0; term < PG_TERMS; term++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            mma_bf16(c[i][q], a[i][0], a[i][1], a[i][2], a[i][3], b[q][term][2 * hf], b[q][term][2 * hf + 1]);
+            }
+        };
+        kstep(0);
+        if (kb + 2 * kc + 1 < ke) kstep(1);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + wrow + 16 * i + g + (e >> 1) * 8, m = n0 + wtok + 8 * q + 2 * t + (e & 1);
+                if (r < N && m < M) y[(size_t)m * ldy + r] = c[i][q][e];
+            }
+}
+
+/* y[m][r] = ((part_0 + part_1) + part_2) + ... in segment order */
+__global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, float *__restrict__ y, int ldy) {
+    const size_t n = (size_t)M * N;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int s = 1; s < S; s++) v = v + part[(size_t)s * n + i];
+        y[(i / N) * ldy + i % N] = v;
+    }
+}
+
+/* K segments of a shape (never of M, so a token's outputs do not depend on the block): enough row
+ * tiles x segments for about one wave of an H200's 132 SMs, each segment at least 16 k-steps */
+static int pg_segments(int N, int K) {
+    const int tiles = (N + PG_BM - 1) / PG_BM, nks = K / 32;
+    int s = 132 / tiles;
+    if (s > nks / 16) s = nks / 16;
+    return s < 1 ? 1 : s;
+}
+
+static g4_status pg_fail(g4_error *err, cudaError_t e, const char *what) {
+    return g4_fail(err, e == cudaErrorMemoryAllocation ? G4_ERR_NOMEM : G4_ERR_IO, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int M, int N, int K, float *y, int reps,
+                                   double *ms, g4_error *err) {
+    if (M < 1 || N < 1 || K < 32 || K % 32)
+        return g4_fail(err, G4_ERR_ARG, "prefill GEMM: bad shape (M %d, N %d, K %d: K must be a positive multiple of %d)", M, N,
+                       K, 32);
+    const size_t nx = (size_t)PG_TERMS * M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    unsigned short *dx = NULL, *dw = NULL;
+    float *dy = NULL, *dp = NULL;
+    cudaEvent_t ev[2] = {NULL, NULL};
+    g4_status st = G4_OK;
+    cudaError_t e;
+    const int S = pg_segments(N, K);
+    const dim3 grid((M + PG_BN - 1) / PG_BN, (N + PG_BM - 1) / PG_BM, S);
+    auto launch = [&]() {
+        g4c_pgemm_kernel<<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, K, N, K, dy, N, dp);
+        if (S > 1) g4c_pgemm_reduce<<<(int)(((size_t)M * N + 255) / 256 < 4096 ? ((size_t)M * N + 255) / 256 : 4096), 256>>>(dp, S, M, N, dy, N);
+    };
+#define PG_CK(call, what)                                                                                              \
+    do {                                                                                                               \
+        if ((e = (call)) != cudaSuccess) {                                                                             \
+            st = pg_fail(err, e, what);                                                                                \
+            goto done;                                                                                                 \
+        }                                                                                                              \
+    } while (0)
+    PG_CK(cudaMalloc(&dx, nx * 2), "prefill GEMM inputs");
+    PG_CK(cudaMalloc(&dw, nw * 2), "prefill GEMM weights");
+    PG_CK(cudaMalloc(&dy, ny * 4), "prefill GEMM outputs");
+    if (S > 1) PG_CK(cudaMalloc(&dp, ny * 4 * S), "prefill GEMM partial sums");
+    PG_CK(cudaMemcpy(dx, terms, nx * 2, cudaMemcpyHostToDevice), "copying the inputs");
+    PG_CK(cudaMemcpy(dw, w, nw * 2, cudaMemcpyHostToDevice), "copying the weights");
+    PG_CK(cudaMemset(dy, 0xff, ny * 4), "clearing the outputs");
+    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
+          "prefill GEMM shared memory");
+    launch();
+    PG_CK(cudaGetLastError(), "launching the prefill GEMM");
+    PG_CK(cudaDeviceSynchronize(), "running the prefill GEMM");
+    if (reps > 0) {
+        PG_CK(cudaEventCreate(&ev[0]), "timing");
+        PG_CK(cudaEventCreate(&ev[1]), "timing");
+        PG_CK(cudaEventRecord(ev[0]), "timing");
+        for (int r = 0; r < reps; r++) launch();
+        PG_CK(cudaEventRecord(ev[1]), "timing");
+        PG_CK(cudaEventSynchronize(ev[1]), "running the prefill GEMM");
+        float t = 0;
+        PG_CK(cudaEventElapsedTime(&t, ev[0], ev[1]), "timing");
+        if (ms) *ms = t / reps;
+    }
+    PG_CK(cudaMemcpy(y, dy, ny * 4, cudaMemcpyDeviceToHost), "copying the outputs");
+#undef PG_CK
+done:
+    for (cudaEvent_t v : ev)
+        if (v) cudaEventDestroy(v);
+    cudaFree(dx);
+    cudaFree(dw);
+    cudaFree(dy);
+    cudaFree(dp);
+    return st;
+}
