@@ -161,14 +161,16 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             if (ctxs[n_ctxs] >= 16) cmax = ctxs[n_ctxs] > cmax ? ctxs[n_ctxs] : cmax, n_ctxs++;
         }
     }
-    const int ctx_max = cmax + n_tok + 64;
+    int ctx_max = cmax + n_tok + 64;
+    if (ctx_max < 128 + bo->trace_m + 64) ctx_max = 128 + bo->trace_m + 64; /* the traced block follows a 128-token context */
     g4_session *s = NULL;
     if (bo->mma >= 0) { /* read when the CUDA session is created (its weights' layout follows it) */
         char v[16];
         snprintf(v, sizeof v, "%d", bo->mma);
         setenv("G4_CUDA_MMA", v, 1);
     }
-    g4_session_options opt = {.n_ctx = ctx_max, .max_batch = 64, .device = G4_DEVICE_CUDA};
+    /* a traced block longer than 64 tokens (a prefill chunk) needs the room for it */
+    g4_session_options opt = {.n_ctx = ctx_max, .max_batch = bo->trace_m > 64 ? bo->trace_m : 64, .device = G4_DEVICE_CUDA};
     if (g4_session_create(m, &opt, &s, &err)) {
         fprintf(stderr, "session: %s\n", err.message);
         g4_model_free(m);
@@ -180,9 +182,9 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
     g4_cuda_describe(s->cuda, &grid, &n_ops, &wb, &sb);
     printf("  uploaded in %.1f s; persistent kernel: %d blocks x %d threads, %d stages per token; %.2f GB weights + %.2f GB cache/scratch on the GPU\n",
            now() - t1, grid, G4C_THREADS, n_ops, wb / 1e9, sb / 1e9);
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(cmax + 256)), *out = malloc(sizeof(int32_t) * (size_t)(n_tok + 8));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(cmax + 256 + bo->trace_m)), *out = malloc(sizeof(int32_t) * (size_t)(n_tok + 8));
     uint32_t r = 7;
-    for (int i = 0; i < cmax + 256; i++) {
+    for (int i = 0; i < cmax + 256 + bo->trace_m; i++) {
         r = r * 1664525u + 1013904223u;
         prompt[i] = i == 0 ? c->bos : 3 + (int32_t)((r >> 8) % 200000u);
     }
@@ -317,7 +319,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ctx") && i + 1 < argc) bo.ctx = argv[++i];
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) bo.trace = argv[++i];
         else if (!strcmp(argv[i], "--no-breakdown")) bo.breakdown = 0;
-        else if (!strcmp(argv[i], "--trace-m") && i + 1 < argc) bo.trace_m = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--trace-m") && i + 1 < argc) {
+            bo.trace_m = atoi(argv[++i]);
+            if (bo.trace_m < 1 || bo.trace_m > 512) {
+                fprintf(stderr, "gpu_bench: --trace-m takes 1 .. 512 tokens\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--trace-prefill")) bo.trace_fast = 1;
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;

@@ -36,7 +36,16 @@ constexpr int PG_WS = PG_BM * PG_LDS;     /* bf16 elements of a chunk's weights 
 constexpr int PG_XS = PG_TERMS * PG_BN * PG_LDS;
 constexpr int PG_BUF = PG_WS + PG_XS;
 constexpr size_t PG_SMEM = sizeof(unsigned short) * PG_NBUF * PG_BUF;
-constexpr int PG_THREADS = 256;           /* 8 warps: 2 (64 rows each) x 4 (32 tokens each) */
+#ifndef PG_TI_
+#define PG_TI_ 4
+#endif
+/* 16-row tiles per warp (4: 8 warps of 64 rows x 32 tokens; 2: 16 warps; 1: 32 warps). H200, E2B
+ * shapes at 2048 tokens: 26.1k / 24.7k / 21.0k tok/s of matmuls: more warps per scheduler do not
+ * help (ncu at 4: tensor pipe ~32% busy, 6.1 cycles per issued instruction, mostly short waits on
+ * the fragments just loaded) */
+constexpr int PG_TI = PG_TI_;
+constexpr int PG_WR = PG_BM / (16 * PG_TI); /* warps along the rows; 4 along the tokens (32 each) */
+constexpr int PG_THREADS = 32 * 4 * PG_WR;
 } // namespace
 
 __global__ void __launch_bounds__(PG_THREADS, 1)
@@ -46,7 +55,7 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
     /* token tiles fastest: the blocks running at once share a few row tiles' weights through L2 */
     const int n0 = blockIdx.x * PG_BN, r0 = blockIdx.y * PG_BM;
-    const int wrow = (warp & 1) * 64, wtok = (warp >> 1) * 32;
+    const int wrow = (warp % PG_WR) * 16 * PG_TI, wtok = (warp / PG_WR) * 32;
     /* K segment blockIdx.z of gridDim.z (a function of N and K only: pg_segments) */
     const int nks = K / 32, kb = (int)((long long)blockIdx.z * nks / gridDim.z), ke = (int)((long long)(blockIdx.z + 1) * nks / gridDim.z);
     const int nk = (ke - kb + 1) / 2; /* chunks */
@@ -75,9 +84,9 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
         if (b < nk) stage(b, b);
         cp_commit();
     }
-    float c[4][4][4];
+    float c[PG_TI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < PG_TI; i++)
 #pragma unroll
         for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -98,16 +107,16 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
                     ldsm4(b[q][term], xs + (term * PG_BN + wtok + 8 * q + rr) * PG_LDS + 32 * ks + 8 * mi);
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-                unsigned a[4][4];
+                unsigned a[PG_TI][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < PG_TI; i++)
                     ldsm4(a[i], ws + (wrow + 16 * i + (mi & 1) * 8 + rr) * PG_LDS + 32 * ks + 16 * hf + (mi >> 1) * 8);
 #pragma unroll
                 for (int term = 0; term < PG_TERMS; term++)
 #pragma unroll
                     for (int q = 0; q < 4; q++)
 #pragma unroll
-                        for (int i = 0; i < 4; i++)
+                        for (int i = 0; i < PG_TI; i++)
                             mma_bf16(c[i][q], a[i][0], a[i][1], a[i][2], a[i][3], b[q][term][2 * hf], b[q][term][2 * hf + 1]);
             }
         };
@@ -115,7 +124,7 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
         if (kb + 2 * kc + 1 < ke) kstep(1);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < PG_TI; i++)
 #pragma unroll
         for (int q = 0; q < 4; q++)
 #pragma unroll
