@@ -102,10 +102,12 @@ g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chun
 /* The prefill GEMM on its own (src/cuda/pgemm.cu; a building block of the prefill path, checked and
  * timed by tests/gpu/gpu_gemm): y[m][r] = sum_k w[r][k] · (h + mid + l)[m][k] for m < M, r < N, where
  * terms holds the three bf16 planes [3][M][K] of the inputs (x = h + mid + l, each bf16 of the
- * remainder so far) and w is bf16 row-major [N][K]; host arrays, K a multiple of 32. reps > 0 also
- * times that many launches (*ms: mean per launch). */
-g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int M, int N, int K, float *y, int reps, double *ms,
-                        g4_error *err);
+ * remainder so far) and w has N rows of row_bytes (a multiple of 16): wtype 2 (bf16 row-major) or
+ * 4 (per-channel signed 4-bit codes, LSB-first, w = s·(q − 8), one f32 scale per row at byte
+ * sc_off); host arrays, K a multiple of 32. reps > 0 also times that many launches (*ms: mean per
+ * launch). */
+g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M, int N, int K,
+                        float *y, int reps, double *ms, g4_error *err);
 /* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
 g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
 /* The persistent kernel's grid (blocks), stages per token and bytes of device memory in use. */

@@ -1,7 +1,7 @@
 /* The prefill GEMM as a kernel of its own (not yet on the session's path; measured and checked by
  * tests/gpu/gpu_gemm): Y[m][r] = sum_k W[r][k] · x[m][k] for a prompt's M tokens, with each input
  * row given as the prefill procedure's three bf16 terms x = h + mid + l (forward.cuh split_bf16,
- * fp_prep) and W bf16 row-major.
+ * fp_prep) and W bf16 rows or per-channel signed 4-bit rows (see g4c_pgemm_kernel).
  *
  * Why a kernel of its own: inside the persistent kernel a prefill matmul stage is an input phase,
  * a grid barrier, 64-token items and (for most shapes) a K split with a second barrier and a
@@ -32,7 +32,8 @@ constexpr int PG_NBUF = 3;                /* chunks in the pipeline (H200, E2B s
 constexpr int PG_LDS = PG_KC + 8;         /* staged row stride (bf16): 16 bytes of padding, ldmatrix conflict-free */
 constexpr int PG_TERMS = G4C_FP_TERMS;
 constexpr int PG_PR = PG_KC / 8;          /* 16-byte pieces per staged row */
-constexpr int PG_WS = PG_BM * PG_LDS;     /* bf16 elements of a chunk's weights */
+constexpr int PG_WS = PG_BM * PG_LDS;     /* bf16 elements of a chunk's weights (4-bit rows: 128 x 48 bytes) */
+constexpr int PG_LDQ = PG_KC / 2 + 16;    /* staged 4-bit row stride (bytes): rows g = 0..7 on distinct banks */
 constexpr int PG_XS = PG_TERMS * PG_BN * PG_LDS;
 constexpr int PG_BUF = PG_WS + PG_XS;
 constexpr size_t PG_SMEM = sizeof(unsigned short) * PG_NBUF * PG_BUF;
@@ -48,9 +49,14 @@ constexpr int PG_WR = PG_BM / (16 * PG_TI); /* warps along the rows; 4 along the
 constexpr int PG_THREADS = 32 * 4 * PG_WR;
 } // namespace
 
+/* WT G4C_BF16: w bf16 row-major, row r at w + r·rb bytes. WT G4C_Q4: per-channel signed 4-bit rows
+ * (program.h layout: codes LSB-first, element = s·(q − 8), one f32 scale per row at byte sc_off,
+ * no bias): the A fragments are the exact bf16 integers q − 8, each output's sum runs over the
+ * whole K range and is multiplied by the row's scale once at the end (s·Σ(q − 8)x). */
+template <int WT>
 __global__ void __launch_bounds__(PG_THREADS, 1)
-    g4c_pgemm_kernel(const unsigned short *__restrict__ x, size_t ts, int ldx, int M, const unsigned short *__restrict__ w,
-                     long long ldw, int N, int K, float *__restrict__ y, int ldy, float *__restrict__ part) {
+    g4c_pgemm_kernel(const unsigned short *__restrict__ x, size_t ts, int ldx, int M, const char *__restrict__ w, long long rb,
+                     int sc_off, int N, int K, float *__restrict__ y, int ldy, float *__restrict__ part) {
     extern __shared__ __align__(16) unsigned short pg_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
     /* token tiles fastest: the blocks running at once share a few row tiles' weights through L2 */
@@ -66,11 +72,21 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
     auto stage = [&](int b, int kc) {
         unsigned short *ws = pg_sm + (size_t)b * PG_BUF, *xs = ws + PG_WS;
         const int k0 = 32 * kb + kc * PG_KC, lim = 32 * ke - k0; /* columns of the segment left */
+        if constexpr (WT == G4C_Q4) { /* 32 code bytes per row and chunk */
+            char *wq = reinterpret_cast<char *>(ws);
 #pragma unroll
-        for (int j = 0; j < PG_BM * PG_PR / PG_THREADS; j++) {
-            const int f = tid + j * PG_THREADS, r = f / PG_PR, c = f % PG_PR;
-            if (8 * c >= lim) continue;
-            cp16(ws + r * PG_LDS + 8 * c, w + (size_t)min(r0 + r, N - 1) * ldw + k0 + 8 * c);
+            for (int j = 0; j < PG_BM * 2 / PG_THREADS; j++) {
+                const int f = tid + j * PG_THREADS, r = f >> 1, c = f & 1;
+                if (32 * c >= lim) continue;
+                cp16(wq + r * PG_LDQ + 16 * c, w + (size_t)min(r0 + r, N - 1) * rb + k0 / 2 + 16 * c);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < PG_BM * PG_PR / PG_THREADS; j++) {
+                const int f = tid + j * PG_THREADS, r = f / PG_PR, c = f % PG_PR;
+                if (8 * c >= lim) continue;
+                cp16(ws + r * PG_LDS + 8 * c, w + (size_t)min(r0 + r, N - 1) * rb + 2 * (k0 + 8 * c));
+            }
         }
 #pragma unroll
         for (int j = 0; j < PG_TERMS * PG_BN * PG_PR / PG_THREADS; j++) {
@@ -109,8 +125,19 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
             for (int hf = 0; hf < 2; hf++) {
                 unsigned a[PG_TI][4];
 #pragma unroll
-                for (int i = 0; i < PG_TI; i++)
-                    ldsm4(a[i], ws + (wrow + 16 * i + (mi & 1) * 8 + rr) * PG_LDS + 32 * ks + 16 * hf + (mi >> 1) * 8);
+                for (int i = 0; i < PG_TI; i++) {
+                    if constexpr (WT == G4C_Q4) { /* columns 16hf + 2t (+1): byte t of words 2hf; + 8: byte t + 4 */
+#pragma unroll
+                        for (int h2 = 0; h2 < 2; h2++) {
+                            const uint2 v = *reinterpret_cast<const uint2 *>(reinterpret_cast<const char *>(ws) +
+                                                                            (wrow + 16 * i + g + 8 * h2) * PG_LDQ + 16 * ks + 8 * hf);
+                            const unsigned u = __byte_perm(v.x, v.y, (unsigned)t | ((unsigned)(t + 4) << 4));
+                            a[i][h2] = q4_pair(u, 0xC308C308u);
+                            a[i][2 + h2] = q4_pair(u >> 8, 0xC308C308u);
+                        }
+                    } else
+                        ldsm4(a[i], ws + (wrow + 16 * i + (mi & 1) * 8 + rr) * PG_LDS + 32 * ks + 16 * hf + (mi >> 1) * 8);
+                }
 #pragma unroll
                 for (int term = 0; term < PG_TERMS; term++)
 #pragma unroll
@@ -130,16 +157,23 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = r0 + wrow + 16 * i + g + (e >> 1) * 8, m = n0 + wtok + 8 * q + 2 * t + (e & 1);
-                if (r < N && m < M) y[(size_t)m * ldy + r] = c[i][q][e];
+                if (r >= N || m >= M) continue;
+                float v = c[i][q][e];
+                /* per-channel scale: applied once, by the segments' sum (g4c_pgemm_reduce) when K is split */
+                if constexpr (WT == G4C_Q4)
+                    if (gridDim.z == 1) v = __ldg(reinterpret_cast<const float *>(w + (size_t)r * rb + sc_off)) * v;
+                y[(size_t)m * ldy + r] = v;
             }
 }
 
-/* y[m][r] = ((part_0 + part_1) + part_2) + ... in segment order */
-__global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, float *__restrict__ y, int ldy) {
+/* y[m][r] = ((part_0 + part_1) + part_2) + ... in segment order (times row r's scale when sc is not NULL) */
+__global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, float *__restrict__ y, int ldy,
+                                 const char *__restrict__ sc, long long rb) {
     const size_t n = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = part[i];
         for (int s = 1; s < S; s++) v = v + part[(size_t)s * n + i];
+        if (sc) v = __ldg(reinterpret_cast<const float *>(sc + (size_t)(i % N) * rb)) * v;
         y[(i / N) * ldy + i % N] = v;
     }
 }
@@ -157,13 +191,19 @@ static g4_status pg_fail(g4_error *err, cudaError_t e, const char *what) {
     return g4_fail(err, e == cudaErrorMemoryAllocation ? G4_ERR_NOMEM : G4_ERR_IO, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
 
-extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int M, int N, int K, float *y, int reps,
-                                   double *ms, g4_error *err) {
+extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M,
+                                   int N, int K, float *y, int reps, double *ms, g4_error *err) {
     if (M < 1 || N < 1 || K < 32 || K % 32)
         return g4_fail(err, G4_ERR_ARG, "prefill GEMM: bad shape (M %d, N %d, K %d: K must be a positive multiple of %d)", M, N,
                        K, 32);
-    const size_t nx = (size_t)PG_TERMS * M * K, nw = (size_t)N * K, ny = (size_t)M * N;
-    unsigned short *dx = NULL, *dw = NULL;
+    const bool q4 = wtype == G4C_Q4;
+    if ((wtype != G4C_BF16 && !q4) || row_bytes % 16 || row_bytes < (q4 ? K / 2 : 2LL * K) ||
+        (q4 && (sc_off < K / 2 || sc_off % 4 || sc_off + 4 > row_bytes)))
+        return g4_fail(err, G4_ERR_ARG, "prefill GEMM: unsupported weights (type %d, %lld bytes per row, scale at %d)", wtype,
+                       row_bytes, sc_off);
+    const size_t nx = (size_t)PG_TERMS * M * K, nw = (size_t)N * row_bytes, ny = (size_t)M * N;
+    unsigned short *dx = NULL;
+    char *dw = NULL;
     float *dy = NULL, *dp = NULL;
     cudaEvent_t ev[2] = {NULL, NULL};
     g4_status st = G4_OK;
@@ -171,8 +211,11 @@ extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int
     const int S = pg_segments(N, K);
     const dim3 grid((M + PG_BN - 1) / PG_BN, (N + PG_BM - 1) / PG_BM, S);
     auto launch = [&]() {
-        g4c_pgemm_kernel<<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, K, N, K, dy, N, dp);
-        if (S > 1) g4c_pgemm_reduce<<<(int)(((size_t)M * N + 255) / 256 < 4096 ? ((size_t)M * N + 255) / 256 : 4096), 256>>>(dp, S, M, N, dy, N);
+        if (q4) g4c_pgemm_kernel<G4C_Q4><<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, row_bytes, sc_off, N, K, dy, N, dp);
+        else g4c_pgemm_kernel<G4C_BF16><<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, row_bytes, 0, N, K, dy, N, dp);
+        if (S > 1)
+            g4c_pgemm_reduce<<<(int)(((size_t)M * N + 255) / 256 < 4096 ? ((size_t)M * N + 255) / 256 : 4096), 256>>>(
+                dp, S, M, N, dy, N, q4 ? dw + sc_off : NULL, row_bytes);
     };
 #define PG_CK(call, what)                                                                                              \
     do {                                                                                                               \
@@ -182,13 +225,15 @@ extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const uint16_t *w, int
         }                                                                                                              \
     } while (0)
     PG_CK(cudaMalloc(&dx, nx * 2), "prefill GEMM inputs");
-    PG_CK(cudaMalloc(&dw, nw * 2), "prefill GEMM weights");
+    PG_CK(cudaMalloc(&dw, nw), "prefill GEMM weights");
     PG_CK(cudaMalloc(&dy, ny * 4), "prefill GEMM outputs");
     if (S > 1) PG_CK(cudaMalloc(&dp, ny * 4 * S), "prefill GEMM partial sums");
     PG_CK(cudaMemcpy(dx, terms, nx * 2, cudaMemcpyHostToDevice), "copying the inputs");
-    PG_CK(cudaMemcpy(dw, w, nw * 2, cudaMemcpyHostToDevice), "copying the weights");
+    PG_CK(cudaMemcpy(dw, w, nw, cudaMemcpyHostToDevice), "copying the weights");
     PG_CK(cudaMemset(dy, 0xff, ny * 4), "clearing the outputs");
-    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
+    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
+          "prefill GEMM shared memory");
+    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
           "prefill GEMM shared memory");
     launch();
     PG_CK(cudaGetLastError(), "launching the prefill GEMM");

@@ -47,19 +47,56 @@ static void split_terms(const float *x, int M, int K, uint16_t *t) {
     }
 }
 
+/* weights of a type: wt 2 bf16 rows; wt 4 per-channel signed 4-bit rows (codes, then an f32 scale),
+ * with wf[r·K + k] the weight each element stands for */
+typedef struct {
+    uint8_t *rows;
+    long long rb;
+    int sc_off;
+    float *wf;
+} wmat;
+static wmat make_weights(int wt, int N, int K) {
+    wmat m = {0};
+    m.wf = malloc(sizeof(float) * (size_t)N * K);
+    if (wt == 2) {
+        m.rb = 2LL * K;
+        m.rows = malloc((size_t)N * m.rb);
+        for (size_t i = 0; i < (size_t)N * K; i++) {
+            const uint16_t h = bf16_rn((float)(urand() * 2 - 1) * 0.05f);
+            memcpy(m.rows + 2 * i, &h, 2);
+            m.wf[i] = bf16_f(h);
+        }
+    } else {
+        m.sc_off = K / 2;
+        m.rb = (K / 2 + 4 + 15) / 16 * 16;
+        m.rows = calloc((size_t)N, (size_t)m.rb);
+        for (int r = 0; r < N; r++) {
+            uint8_t *row = m.rows + (size_t)r * m.rb;
+            const float sc = (float)(0.001 + urand() * 0.02);
+            memcpy(row + m.sc_off, &sc, 4);
+            for (int k = 0; k < K; k++) {
+                const int q = (int)(urand() * 16);
+                row[k / 2] |= (uint8_t)(q << (4 * (k & 1)));
+                m.wf[(size_t)r * K + k] = sc * (float)(q - 8);
+            }
+        }
+    }
+    return m;
+}
+
 /* one checked shape: returns the number of failures */
-static int check_shape(int M, int N, int K) {
+static int check_shape(int wt, int M, int N, int K) {
     float *x = malloc(sizeof(float) * (size_t)M * K), *y = malloc(sizeof(float) * (size_t)M * N);
-    uint16_t *w = malloc(2 * (size_t)N * K), *t = malloc(2 * 3 * (size_t)M * K);
+    uint16_t *t = malloc(2 * 3 * (size_t)M * K);
     int fails = 0;
-    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_rn((float)(urand() * 2 - 1) * 0.05f);
+    wmat w = make_weights(wt, N, K);
     for (int m = 0; m < M; m++) { /* rows of different magnitudes, some outliers */
         const double mag = pow(2.0, (int)(urand() * 12) - 6);
         for (int k = 0; k < K; k++) x[(size_t)m * K + k] = (float)((urand() * 2 - 1) * mag * (urand() < 0.01 ? 30 : 1));
     }
     split_terms(x, M, K, t);
     g4_error err = {0};
-    if (g4_cuda_pgemm(t, w, M, N, K, y, 0, NULL, &err)) {
+    if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, y, 0, NULL, &err)) {
         printf("FAIL M %d N %d K %d: %s\n", M, N, K, err.message);
         fails = 1;
         goto done;
@@ -69,7 +106,7 @@ static int check_shape(int M, int N, int K) {
         for (int r = 0; r < N; r++) {
             double ref = 0, mag = 0;
             for (int k = 0; k < K; k++) {
-                const double p = (double)bf16_f(w[(size_t)r * K + k]) * x[(size_t)m * K + k];
+                const double p = (double)w.wf[(size_t)r * K + k] * x[(size_t)m * K + k];
                 ref += p;
                 mag += fabs(p);
             }
@@ -89,7 +126,7 @@ static int check_shape(int M, int N, int K) {
         float *ys = malloc(sizeof(float) * (size_t)ms * N);
         for (int j = 0; j < 3; j++)
             memcpy(ts + (size_t)j * ms * K, t + (size_t)j * M * K + (size_t)m0 * K, 2 * (size_t)ms * K);
-        if (g4_cuda_pgemm(ts, w, ms, N, K, ys, 0, NULL, &err)) {
+        if (g4_cuda_pgemm(ts, w.rows, wt, w.rb, w.sc_off, ms, N, K, ys, 0, NULL, &err)) {
             printf("FAIL M %d N %d K %d (block of %d): %s\n", M, N, K, ms, err.message);
             fails++;
         } else if (memcmp(ys, y + (size_t)m0 * N, sizeof(float) * (size_t)ms * N)) {
@@ -100,12 +137,13 @@ static int check_shape(int M, int N, int K) {
         free(ts);
         free(ys);
     }
-    printf("%s M %4d N %5d K %5d: worst error %.2e of sum|w·x| (bound %.2e), sub-blocks %s\n", fails ? "FAIL" : "ok  ", M, N, K,
-           worst, (K + 8) * ldexp(1.0, -24), same ? "bitwise equal" : "DIFFER");
+    printf("%s %s M %4d N %5d K %5d: worst error %.2e of sum|w·x| (bound %.2e), sub-blocks %s\n", fails ? "FAIL" : "ok  ",
+           wt == 2 ? "bf16" : "q4  ", M, N, K, worst, (K + 8) * ldexp(1.0, -24), same ? "bitwise equal" : "DIFFER");
 done:
     free(x);
     free(y);
-    free(w);
+    free(w.rows);
+    free(w.wf);
     free(t);
     return fails;
 }
@@ -131,19 +169,21 @@ static const struct {
 
 static int bench(void) {
     const int Ms[] = {512, 2048};
+    for (int wt = 2; wt <= 4; wt += 2)
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int M = Ms[mi];
         double total_ms = 0, flops = 0;
-        printf("\nE2B matmul shapes at M = %d tokens (one launch each, mean of 20):\n", M);
+        printf("\nE2B matmul shapes, %s weights, at M = %d tokens (one launch each, mean of 20):\n",
+               wt == 2 ? "bf16" : "per-channel 4-bit", M);
         for (size_t i = 0; i < sizeof e2b / sizeof e2b[0]; i++) {
             const int N = e2b[i].N, K = e2b[i].K;
-            uint16_t *t = malloc(2 * 3 * (size_t)M * K), *w = malloc(2 * (size_t)N * K);
+            uint16_t *t = malloc(2 * 3 * (size_t)M * K);
+            wmat w = make_weights(wt, N, K);
             float *y = malloc(sizeof(float) * (size_t)M * N);
             for (size_t j = 0; j < 3 * (size_t)M * K; j++) t[j] = bf16_rn((float)(urand() - 0.5));
-            for (size_t j = 0; j < (size_t)N * K; j++) w[j] = bf16_rn((float)(urand() - 0.5));
             double ms = 0;
             g4_error err = {0};
-            if (g4_cuda_pgemm(t, w, M, N, K, y, 20, &ms, &err)) {
+            if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, y, 20, &ms, &err)) {
                 printf("bench: %s\n", err.message);
                 return 1;
             }
@@ -153,7 +193,8 @@ static int bench(void) {
             total_ms += ms * e2b[i].layers;
             flops += f * e2b[i].layers;
             free(t);
-            free(w);
+            free(w.rows);
+            free(w.wf);
             free(y);
         }
         printf("  E2B, all 35 layers' matmuls for %d tokens: %.2f ms = %.1f us per token -> %.0f tok/s (matmuls only), %.1f TFLOP/s\n", M,
@@ -166,15 +207,21 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--bench")) return bench();
     const int shapes[][3] = {{1, 16, 32}, {3, 200, 96}, {130, 130, 64}, {300, 257, 1536}, {257, 1536, 2048}, {64, 24576, 256}, {70, 256, 1056}};
     int fails = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) fails += check_shape(shapes[i][0], shapes[i][1], shapes[i][2]);
+    for (int wt = 2; wt <= 4; wt += 2)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) fails += check_shape(wt, shapes[i][0], shapes[i][1], shapes[i][2]);
     uint16_t z = 0;
     float yz;
     g4_error err = {0};
-    if (g4_cuda_pgemm(&z, &z, 1, 1, 48, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+    if (g4_cuda_pgemm(&z, &z, 2, 96, 0, 1, 1, 48, &yz, 0, NULL, &err) != G4_ERR_ARG) {
         printf("FAIL: K = 48 was not refused\n");
         fails++;
     } else
         printf("ok   K = 48 refused: %s\n", err.message);
+    if (g4_cuda_pgemm(&z, &z, 4, 32, 8, 1, 1, 64, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+        printf("FAIL: a 4-bit scale inside the codes was not refused\n");
+        fails++;
+    } else
+        printf("ok   scale offset inside the codes refused: %s\n", err.message);
     printf("gpu_gemm: %s (%d failures)\n", fails ? "FAIL" : "all passed", fails);
     return fails ? 1 : 0;
 }
