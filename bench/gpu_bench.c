@@ -260,6 +260,42 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             g4_cuda_set_trace_prefill(s->cuda, bo->trace_fast);
             trace_table(s, prompt, bo->trace_m, ev, local, skip, detail, bo->evict_first, bo->op_local);
             g4_cuda_set_rep(s->cuda, 0);
+            if (bo->trace_fast) { /* the trace above is the one-launch procedure; g4_cuda_prefill runs launches */
+                double ms[3] = {0, 0, 0};
+                int nl[3] = {0, 0, 0};
+                g4_error e2 = {0};
+                g4_session_reset(s);
+                if (!g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &e2) &&
+                    !g4_cuda_prefill_profile(s->cuda, 128, prompt + 128, bo->trace_m, ms, nl, &e2)) {
+                    const double tot = ms[0] + ms[1] + ms[2];
+                    printf("    fast prefill as launches, M=%d ctx 128: %.3f ms = persistent kernel %.3f ms (%d launches) + "
+                           "prefill GEMM %.3f ms (%d stages) + attention %.3f ms (%d layers) = %.1f tok/s\n",
+                           bo->trace_m, tot, ms[0], nl[0], ms[1], nl[1], ms[2], nl[2], bo->trace_m / (tot / 1e3));
+                } else
+                    printf("    fast prefill as launches: %s\n", e2.message);
+                /* the same block's last logits, fast prefill against the decode procedure (a
+                 * full-size check of the fast path's arithmetic: rounding only) */
+                float *la = malloc(sizeof(float) * (size_t)c->vocab), *lb = malloc(sizeof(float) * (size_t)c->vocab);
+                const int M = bo->trace_m;
+                g4_error e3 = {0};
+                if (la && lb && !g4_cuda_prefill(s->cuda, 128, prompt + 128, M, M - 1, 1, la, &e3) &&
+                    !g4_cuda_forward(s->cuda, 128, prompt + 128, M, M - 1, 1, lb, 0, &e3)) {
+                    double dmax = 0, amax = 0;
+                    int ia = 0, ib = 0;
+                    for (int i = 0; i < c->vocab; i++) {
+                        double d = la[i] > lb[i] ? la[i] - lb[i] : lb[i] - la[i], a = lb[i] < 0 ? -lb[i] : lb[i];
+                        dmax = d > dmax ? d : dmax;
+                        amax = a > amax ? a : amax;
+                        if (la[i] > la[ia]) ia = i;
+                        if (lb[i] > lb[ib]) ib = i;
+                    }
+                    printf("    fast prefill vs decode procedure, token %d of %d: max |logit diff| %.3g (max |logit| %.3g), argmax %d / %d\n",
+                           M, M, dmax, amax, ia, ib);
+                } else if (e3.message[0])
+                    printf("    fast prefill check: %s\n", e3.message);
+                free(la);
+                free(lb);
+            }
         }
     }
     /* verify blocks and the breakdown at context 128 */

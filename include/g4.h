@@ -94,7 +94,7 @@ enum { G4_DEVICE_CPU = 0, G4_DEVICE_CUDA = 1 };
 typedef struct g4_session_options {
     int n_ctx;      /* context length in tokens (0: 4096, capped by the model's maximum) */
     int n_threads;  /* worker threads (0: all online CPUs) */
-    int max_batch;  /* most tokens one forward step computes at once (0: 64; 256 with fast_prefill) */
+    int max_batch;  /* most tokens one forward step computes at once (0: 64; 512 with fast_prefill) */
     int device;     /* G4_DEVICE_CPU (0) or G4_DEVICE_CUDA: the weights are uploaded to the GPU
                        and every forward runs there; creating the session fails with
                        G4_ERR_UNSUPPORTED ("no CUDA device/driver: ...") where there is none */

@@ -6,7 +6,7 @@
 #                                         bench/gpu_bench (debug info stripped) as .gpu/NAME/...;
 #                                         .gpu/lib/: the shared libraries they need beyond the image's
 #   scripts/gpu_prep.sh data [G4]         .gpu/data.tar.xz: the fixtures (.gpu/fixtures/gemma4/) and
-#                                         each converted by `g4 convert` to GGUF Q4_0/Q8_0/Q4_1/Q5_0/
+#                                         each converted by `g4 convert` to bf16 safetensors, GGUF Q4_0/Q8_0/Q4_1/Q5_0/
 #                                         Q5_1/Q4_K/Q5_K/Q6_K, MLX 3/4/6/8-bit and QAT int2/int4/int8
 #                                         (.gpu/qfix/FIXTURE-FORMAT; G4_QFORMATS overrides the list),
 #                                         and a 256-wide model as real Q4_K/Q5_K/Q6_K (.gpu/kq)
@@ -41,8 +41,12 @@ case $mode in
     cp -r ../shared/fixtures/gemma4 "$G/fixtures/"
     for d in "$G"/fixtures/gemma4/*/; do
       d=${d%/}; f=$(basename "$d")
-      for fmt in ${G4_QFORMATS:-gguf-q4_0 gguf-q8_0 mlx-4 mlx-8 qat-int4 qat-int8 gguf-q4_1 gguf-q5_0 gguf-q5_1 gguf-q4_k gguf-q5_k gguf-q6_k mlx-3 mlx-6 qat-int2}; do
-        case $fmt in mlx-*) args=(--format mlx --bits "${fmt#mlx-}" --group 32) ;; *) args=(--format "$fmt") ;; esac
+      for fmt in ${G4_QFORMATS:-st-bf16 gguf-q4_0 gguf-q8_0 mlx-4 mlx-8 qat-int4 qat-int8 gguf-q4_1 gguf-q5_0 gguf-q5_1 gguf-q4_k gguf-q5_k gguf-q6_k mlx-3 mlx-6 qat-int2}; do
+        case $fmt in
+          mlx-*) args=(--format mlx --bits "${fmt#mlx-}" --group 32) ;;
+          st-bf16) args=(--format bf16) ;; # bf16 safetensors: the prefill GEMM's bf16 path on real fixtures
+          *) args=(--format "$fmt") ;;
+        esac
         "$G4" convert "$d" "$G/qfix/$f-$fmt" "${args[@]}" --threads 2 >/dev/null 2>&1 ||
           { echo "gpu_prep: $f as $fmt: not converted (skipped)"; rm -rf "$G/qfix/$f-$fmt"; }
       done

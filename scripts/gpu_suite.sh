@@ -44,8 +44,8 @@ fail=0
 # same for any number of tokens; then its speed on E2B's matmul shapes
 if [ -x "$BUILD/tests/gpu/gpu_gemm" ]; then
   say "== prefill GEMM kernel"
-  if run timeout 120 "$BUILD/tests/gpu/gpu_gemm" >"$LOG.gemm" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
-  cat "$LOG.gemm" >>"$LOG"
+  if timeout 120 "$BUILD/tests/gpu/gpu_gemm" >"$LOG.gemm" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
+  tee -a "$LOG" <"$LOG.gemm"
   summary+=("$r gpu_gemm: $(tail -n 1 "$LOG.gemm")")
   [ "${G4_SKIP_BENCH:-0}" = 1 ] || run timeout 300 "$BUILD/tests/gpu/gpu_gemm" --bench
 fi
@@ -58,13 +58,13 @@ if [ -n "$FIX" ]; then
     summary+=("$r check --device cuda $(basename "$d"): $(grep '^check ' "$LOG.check" | sed 's/^check [^ ]* //')")
   done
   say "== GPU exactness tests"
-  if run timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.exact"; then r=PASS; else r=FAIL; fail=1; fi
+  if timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.exact" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
   cat "$LOG.exact" >>"$LOG"
   summary+=("$r gpu_exact: $(tail -n 1 "$LOG.exact")")
   # the tensor-core procedure for bf16 matmuls (G4_CUDA_MMA=4: tiled weights, mm_tile_mma): the
   # same checks, its own bits
   say "== GPU exactness tests, bf16 on the tensor cores (G4_CUDA_MMA=4)"
-  if G4_CUDA_MMA=4 run timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.mma"; then r=PASS; else r=FAIL; fail=1; fi
+  if G4_CUDA_MMA=4 timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.mma" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
   cat "$LOG.mma" >>"$LOG"
   summary+=("$r gpu_exact (tensor cores): $(tail -n 1 "$LOG.mma")")
 fi

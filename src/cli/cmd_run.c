@@ -51,7 +51,7 @@ static void run_usage(FILE *f, int chat) {
             "  --ctx N               context length (default 4096)\n"
             "  --threads N           worker threads (default: all CPUs)\n"
             "  --device D            cpu, cuda or auto (default: auto = the GPU when there is one)\n"
-            "  --fast-prefill        GPU: the prompt on the tensor cores (~3.7x faster; logits within\n"
+            "  --fast-prefill        GPU: the prompt on the tensor cores (~10x faster on E2B; logits within\n"
             "                        rounding of the default, which is bitwise one token at a time)\n"
             "  --draft DIR           speculative decoding with a Gemma 4 drafter (same output)\n"
             "  --draft-k N           most drafted tokens per round (default 4)\n"

@@ -104,10 +104,25 @@ g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chun
  * terms holds the three bf16 planes [3][M][K] of the inputs (x = h + mid + l, each bf16 of the
  * remainder so far) and w has N rows of row_bytes (a multiple of 16): wtype 2 (bf16 row-major) or
  * 4 (per-channel signed 4-bit codes, LSB-first, w = s·(q − 8), one f32 scale per row at byte
- * sc_off); host arrays, K a multiple of 32. reps > 0 also times that many launches (*ms: mean per
- * launch). */
+ * sc_off); host arrays, K a multiple of 32. variant: the kernel, 0 mma.sync (any weights), 1 wgmma
+ * (pgemm_wg.cu, bf16 only; G4_ERR_ARG otherwise). reps > 0 also times that many launches (*ms:
+ * mean per launch). */
 g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M, int N, int K,
-                        float *y, int reps, double *ms, g4_error *err);
+                        int variant, float *y, int reps, double *ms, g4_error *err);
+/* The fast prefill's attention kernel (pattn.cu) alone, for tests and benchmarks: queries q
+ * [M][nH·d] of positions pos0 .. pos0 + M - 1, keys and values k, v [pos0 + M][nkv·d] by
+ * position (those before pos0 served from a cache as a session keeps it), att [M][nH·d]; reps > 0
+ * also times that many launches (mean ms); kb: keys per block for heads 129..256 wide (0: the
+ * session's choice, 32; 64: the other instantiation, for comparison). */
+g4_status g4_cuda_pattn(const float *q, const float *k, const float *v, int pos0, int M, int nH, int nkv, int d, int is_full,
+                        int window, int kb, float *att, int reps, double *ms, g4_error *err);
+/* A fast prefill's launches timed (a warm run, then one with events between them; the block's
+ * K/V rows are staged as in g4_cuda_prefill), in ms and launches: [0] the persistent kernel's
+ * (norms, ropes, PLE, residuals, the matmul stages' input terms, the LM head), [1] the prefill
+ * GEMM's (a stage's matrices and reductions), [2] the prefill attention's. G4_ERR_UNSUPPORTED when
+ * the session runs fast prefill as one launch (G4_CUDA_PGEMM=0, or no stage for those kernels). */
+g4_status g4_cuda_prefill_profile(g4_cuda *c, int pos, const int32_t *tokens, int M, double ms[3], int n_launch[3],
+                                  g4_error *err);
 /* Streaming-read bandwidth of the device over `bytes`, bytes per second. */
 g4_status g4_cuda_bandwidth(size_t bytes, double *bytes_per_s, g4_error *err);
 /* The persistent kernel's grid (blocks), stages per token and bytes of device memory in use. */

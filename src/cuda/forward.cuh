@@ -1956,6 +1956,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     if constexpr ((TM & G4C_KM_WIDE) != 0) {
         if (p.fast && op->fp_ks > 0) { /* the prefill procedure: input terms, a grid barrier, the products */
             fp_prep(op, p, step, sm, tl.red);
+            if (op->prep_only) return; /* the last stage of this launch: pgemm.cu takes the products */
             grid_sync(p.ctl, bar, NULL, NULL);
             extra++;
             const int wt = op->part[0].w.type;
@@ -2235,9 +2236,11 @@ DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, flo
                                    p.eps, buf);
             }
         }
+        if (op->prep_only) return; /* the last stage of this launch: pattn.cu takes the items */
         grid_sync(p.ctl, bar, NULL, NULL);
         extra++;
     }
+    if (op->prep_only) return;
     const int stage_from = (p.direct || !op->kst) ? INT_MAX : pos0;
     const float *qsrc0 = pre ? p.qn : op->q;
     const int tq = max(1, G4C_WARPS / group), ntg = (p.M + tq - 1) / tq;

@@ -3,8 +3,16 @@
 #ifndef G4_CUDA_INTERNAL_H
 #define G4_CUDA_INTERNAL_H
 #include <cuda_runtime.h>
+#include <stddef.h>
 
 #include "cuda/program.h"
+extern "C" {
+#include "util/error.h"
+}
+
+/* A CUDA error as the engine's: out of memory as G4_ERR_NOMEM, the rest as G4_ERR_IO, naming
+ * what failed (session.cu). */
+g4_status g4_cuda_fail(g4_error *err, cudaError_t e, const char *what);
 
 /* One non-shared layer's cache for the commit kernel. */
 typedef struct g4c_kvlayer {
@@ -32,4 +40,44 @@ cudaError_t g4c_commit(const g4c_kvlayer *layers, int n_layers, int max_row, int
 /* out[pos][i] = (cos, sin)(pos · inv[i]) in double, rounded to float, for pos < n_ctx, i < pairs */
 cudaError_t g4c_rope_fill(const double *inv, int pairs, int n_ctx, float *out, cudaStream_t stream);
 cudaError_t g4c_read_probe(const float4 *src, size_t n4, float *sink, int grid, cudaStream_t stream);
+
+/* The prefill GEMM (pgemm.cu) as a matmul stage of a fast prefill: the epilogue applied to each
+ * finished output (token m, row r) - the stage's own (forward.cuh mm_store, fp_store) */
+enum { G4C_PG_STORE, G4C_PG_PLE_GATE, G4C_PG_GELU_PAIR };
+typedef struct g4c_pg_epi {
+    int kind;
+    float *y;          /* y[m * ldy + r] */
+    int ldy;
+    float *y2;         /* optional second copy, same layout */
+    const float *aux;  /* PLE_GATE: the gate's multiplier; GELU_PAIR: the up projection (this launch
+                          is the gate's): y = gelu(v) · aux[m * ld_aux + r] */
+    int ld_aux;
+} g4c_pg_epi;
+/* Sets the kernels' shared-memory size (once per process and device, before launches). */
+cudaError_t g4c_pgemm_init(void);
+/* K segments of an N x K matrix (a function of the shape only); > 1: the launch needs
+ * part of segments x M x N floats. */
+int g4c_pgemm_segments(int N, int K);
+/* y = W x for M tokens whose inputs are the three bf16 terms at x (term t of token m at
+ * x + t·ts + m·ldx); W bf16 row-major or per-channel signed 4-bit rows with one f32 scale (no
+ * bias); queued on stream. */
+cudaError_t g4c_pgemm_launch(const unsigned short *x, size_t ts, int ldx, int M, const g4c_mat *w, const g4c_pg_epi *epi,
+                             float *part, cudaStream_t stream);
+/* The second half of a launch split into S > 1 segments: each output the sum of part[0..S) in
+ * segment order (times the row's scale for 4-bit rows), then the epilogue (pgemm.cu). */
+cudaError_t g4c_pgemm_reduce_launch(const float *part, int S, int M, const g4c_mat *w, const g4c_pg_epi *epi, cudaStream_t stream);
+/* g4c_pgemm_launch on Hopper's wgmma (pgemm_wg.cu), bf16 weights only (cudaErrorInvalidValue
+ * otherwise): the same arguments, segments, partial sums and epilogue; its own bits (not those
+ * of the mma.sync kernel), the same for any M. g4c_pgemm_wg_init: its shared-memory size (once per
+ * process and device, before launches). */
+cudaError_t g4c_pgemm_wg_init(void);
+cudaError_t g4c_pgemm_wg_launch(const unsigned short *x, size_t ts, int ldx, int M, const g4c_mat *w, const g4c_pg_epi *epi,
+                                float *part, cudaStream_t stream);
+
+/* A fast prefill's attention (pattn.cu) for a stage of the wide kernels' layout whose queries (q:
+ * p.qn or op->q) and own K/V rows are in place: op->att for tokens pos0 .. pos0 + M - 1. */
+cudaError_t g4c_pattn_init(void);
+int g4c_pattn_ok(const g4c_op *op); /* the stage is one it takes */
+/* kb: keys per block for 256-wide heads (0 or 32: the default, 64: the other instantiation) */
+cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb = 0);
 #endif

@@ -1,5 +1,6 @@
-/* The prefill GEMM as a kernel of its own (not yet on the session's path; measured and checked by
- * tests/gpu/gpu_gemm): Y[m][r] = sum_k W[r][k] · x[m][k] for a prompt's M tokens, with each input
+/* The prefill GEMM as a kernel of its own (the matmul stages of a fast prefill: session.cu
+ * pg_plan; measured and checked alone by tests/gpu/gpu_gemm): Y[m][r] = sum_k W[r][k] · x[m][k]
+ * for a prompt's M tokens, with each input
  * row given as the prefill procedure's three bf16 terms x = h + mid + l (forward.cuh split_bf16,
  * fp_prep) and W bf16 rows or per-channel signed 4-bit rows (see g4c_pgemm_kernel).
  *
@@ -13,15 +14,18 @@
  * Exactness: each output is one accumulator, taking per 32-column k-step its two 16-column halves
  * in order and per half the products with h, mid and l in that order (the order of forward.cuh
  * fp_kstep), k-steps ascending. Which tile a token or a row falls in changes nothing, so a token's
- * outputs are the same bits for any M. */
+ * outputs are the same bits for any M.
+ *
+ * pgemm_wg.cu is the same GEMM on Hopper's wgmma for bf16 weights (g4c_pgemm_wg_launch: the same
+ * segments, reduction and epilogue - pgemm.cuh - with bits of its own). */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuda/cuda.h"
 #include "cuda/forward.cuh"
-extern "C" {
-#include "util/error.h"
-}
+#include "cuda/internal.h"
+#include "cuda/pgemm.cuh"
 
 namespace {
 constexpr int PG_BM = 128;                /* weight rows per block tile */
@@ -56,19 +60,18 @@ constexpr int PG_THREADS = 32 * 4 * PG_WR;
 template <int WT>
 __global__ void __launch_bounds__(PG_THREADS, 1)
     g4c_pgemm_kernel(const unsigned short *__restrict__ x, size_t ts, int ldx, int M, const char *__restrict__ w, long long rb,
-                     int sc_off, int N, int K, float *__restrict__ y, int ldy, float *__restrict__ part) {
+                     int sc_off, int N, int K, const g4c_pg_epi epi, float *__restrict__ part) {
     extern __shared__ __align__(16) unsigned short pg_sm[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
     /* token tiles fastest: the blocks running at once share a few row tiles' weights through L2 */
     const int n0 = blockIdx.x * PG_BN, r0 = blockIdx.y * PG_BM;
     const int wrow = (warp % PG_WR) * 16 * PG_TI, wtok = (warp / PG_WR) * 32;
-    /* K segment blockIdx.z of gridDim.z (a function of N and K only: pg_segments) */
-    const int nks = K / 32, kb = (int)((long long)blockIdx.z * nks / gridDim.z), ke = (int)((long long)(blockIdx.z + 1) * nks / gridDim.z);
+    /* K segment blockIdx.z of gridDim.z (a function of N and K only: g4c_pgemm_segments) */
+    int kb, ke;
+    pg_segment(K, blockIdx.z, gridDim.z, &kb, &ke);
     const int nk = (ke - kb + 1) / 2; /* chunks */
-    if (gridDim.z > 1) { /* the segment's partial sums, added in segment order by g4c_pgemm_reduce */
-        y = part + (size_t)blockIdx.z * M * N;
-        ldy = N;
-    }
+    /* K split: the segment's partial sums, added in segment order by g4c_pgemm_reduce */
+    float *const y = gridDim.z > 1 ? part + (size_t)blockIdx.z * M * N : NULL;
     auto stage = [&](int b, int kc) {
         unsigned short *ws = pg_sm + (size_t)b * PG_BUF, *xs = ws + PG_WS;
         const int k0 = 32 * kb + kc * PG_KC, lim = 32 * ke - k0; /* columns of the segment left */
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
                 unsigned a[PG_TI][4];
 #pragma unroll
                 for (int i = 0; i < PG_TI; i++) {
-                    if constexpr (WT == G4C_Q4) { /* columns 16hf + 2t (+1): byte t of words 2hf; + 8: byte t + 4 */
+                    if constexpr (WT == G4C_Q4) { /* the half's 16 columns are 8 code bytes: 16hf + 2t (+1) byte t, + 8 byte t + 4 */
 #pragma unroll
                         for (int h2 = 0; h2 < 2; h2++) {
                             const uint2 v = *reinterpret_cast<const uint2 *>(reinterpret_cast<const char *>(ws) +
@@ -159,44 +162,75 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
                 const int r = r0 + wrow + 16 * i + g + (e >> 1) * 8, m = n0 + wtok + 8 * q + 2 * t + (e & 1);
                 if (r >= N || m >= M) continue;
                 float v = c[i][q][e];
+                if (y) {
+                    y[(size_t)m * N + r] = v;
+                    continue;
+                }
                 /* per-channel scale: applied once, by the segments' sum (g4c_pgemm_reduce) when K is split */
-                if constexpr (WT == G4C_Q4)
-                    if (gridDim.z == 1) v = __ldg(reinterpret_cast<const float *>(w + (size_t)r * rb + sc_off)) * v;
-                y[(size_t)m * ldy + r] = v;
+                if constexpr (WT == G4C_Q4) v = __ldg(reinterpret_cast<const float *>(w + (size_t)r * rb + sc_off)) * v;
+                pg_store(epi, m, r, v);
             }
 }
 
-/* y[m][r] = ((part_0 + part_1) + part_2) + ... in segment order (times row r's scale when sc is not NULL) */
-__global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, float *__restrict__ y, int ldy,
+/* output (m, r) = ((part_0 + part_1) + part_2) + ... in segment order (times row r's scale when sc
+ * is not NULL), then the epilogue */
+static __global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, const g4c_pg_epi epi,
                                  const char *__restrict__ sc, long long rb) {
     const size_t n = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = part[i];
         for (int s = 1; s < S; s++) v = v + part[(size_t)s * n + i];
         if (sc) v = __ldg(reinterpret_cast<const float *>(sc + (size_t)(i % N) * rb)) * v;
-        y[(i / N) * ldy + i % N] = v;
+        pg_store(epi, (int)(i / N), (int)(i % N), v);
     }
 }
 
 /* K segments of a shape (never of M, so a token's outputs do not depend on the block): enough row
- * tiles x segments for about one wave of an H200's 132 SMs, each segment at least 16 k-steps */
-static int pg_segments(int N, int K) {
+ * tiles x segments for about one wave of an H200's 132 SMs, each segment at least 16 k-steps. The
+ * 132 is a constant on purpose, not the device's SM count: the split, and so the bits of every
+ * output, must not depend on which GPU ran it. */
+int g4c_pgemm_segments(int N, int K) {
     const int tiles = (N + PG_BM - 1) / PG_BM, nks = K / 32;
     int s = 132 / tiles;
     if (s > nks / 16) s = nks / 16;
     return s < 1 ? 1 : s;
 }
 
-static g4_status pg_fail(g4_error *err, cudaError_t e, const char *what) {
-    return g4_fail(err, e == cudaErrorMemoryAllocation ? G4_ERR_NOMEM : G4_ERR_IO, "CUDA: %s: %s", what, cudaGetErrorString(e));
+cudaError_t g4c_pgemm_init(void) {
+    cudaError_t e = cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM);
+    return e;
+}
+
+cudaError_t g4c_pgemm_launch(const unsigned short *x, size_t ts, int ldx, int M, const g4c_mat *w, const g4c_pg_epi *epi,
+                             float *part, cudaStream_t stream) {
+    const int N = w->rows, K = w->cols, S = g4c_pgemm_segments(N, K);
+    const bool q4 = w->type == G4C_Q4;
+    const dim3 grid((M + PG_BN - 1) / PG_BN, (N + PG_BM - 1) / PG_BM, S);
+    const char *wd = (const char *)w->data;
+    if (q4) g4c_pgemm_kernel<G4C_Q4><<<grid, PG_THREADS, PG_SMEM, stream>>>(x, ts, ldx, M, wd, w->row_bytes, w->sc_off, N, K, *epi, part);
+    else g4c_pgemm_kernel<G4C_BF16><<<grid, PG_THREADS, PG_SMEM, stream>>>(x, ts, ldx, M, wd, w->row_bytes, 0, N, K, *epi, part);
+    if (S > 1) return g4c_pgemm_reduce_launch(part, S, M, w, epi, stream);
+    return cudaGetLastError();
+}
+
+cudaError_t g4c_pgemm_reduce_launch(const float *part, int S, int M, const g4c_mat *w, const g4c_pg_epi *epi, cudaStream_t stream) {
+    const int N = w->rows;
+    const size_t n = ((size_t)M * N + 255) / 256;
+    g4c_pgemm_reduce<<<(int)(n < 4096 ? n : 4096), 256, 0, stream>>>(
+        part, S, M, N, *epi, w->type == G4C_Q4 ? (const char *)w->data + w->sc_off : NULL, w->row_bytes);
+    return cudaGetLastError();
 }
 
 extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M,
-                                   int N, int K, float *y, int reps, double *ms, g4_error *err) {
+                                   int N, int K, int variant, float *y, int reps, double *ms, g4_error *err) {
     if (M < 1 || N < 1 || K < 32 || K % 32)
         return g4_fail(err, G4_ERR_ARG, "prefill GEMM: bad shape (M %d, N %d, K %d: K must be a positive multiple of %d)", M, N,
                        K, 32);
     const bool q4 = wtype == G4C_Q4;
+    if (variant != 0 && (variant != 1 || wtype != G4C_BF16))
+        return g4_fail(err, G4_ERR_ARG, "prefill GEMM: no variant %d for weights of type %d (1, wgmma: bf16 only)", variant, wtype);
     if ((wtype != G4C_BF16 && !q4) || row_bytes % 16 || row_bytes < (q4 ? K / 2 : 2LL * K) ||
         (q4 && (sc_off < K / 2 || sc_off % 4 || sc_off + 4 > row_bytes)))
         return g4_fail(err, G4_ERR_ARG, "prefill GEMM: unsupported weights (type %d, %lld bytes per row, scale at %d)", wtype,
@@ -208,41 +242,46 @@ extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wty
     cudaEvent_t ev[2] = {NULL, NULL};
     g4_status st = G4_OK;
     cudaError_t e;
-    const int S = pg_segments(N, K);
-    const dim3 grid((M + PG_BN - 1) / PG_BN, (N + PG_BM - 1) / PG_BM, S);
+    const int S = g4c_pgemm_segments(N, K);
+    g4c_mat wm;
+    memset(&wm, 0, sizeof wm);
+    wm.rows = N;
+    wm.cols = K;
+    wm.type = wtype;
+    wm.row_bytes = row_bytes;
+    wm.sc_off = sc_off;
+    g4c_pg_epi ep;
+    memset(&ep, 0, sizeof ep);
+    ep.kind = G4C_PG_STORE;
+    ep.ldy = N;
     auto launch = [&]() {
-        if (q4) g4c_pgemm_kernel<G4C_Q4><<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, row_bytes, sc_off, N, K, dy, N, dp);
-        else g4c_pgemm_kernel<G4C_BF16><<<grid, PG_THREADS, PG_SMEM>>>(dx, (size_t)M * K, K, M, dw, row_bytes, 0, N, K, dy, N, dp);
-        if (S > 1)
-            g4c_pgemm_reduce<<<(int)(((size_t)M * N + 255) / 256 < 4096 ? ((size_t)M * N + 255) / 256 : 4096), 256>>>(
-                dp, S, M, N, dy, N, q4 ? dw + sc_off : NULL, row_bytes);
+        return variant ? g4c_pgemm_wg_launch(dx, (size_t)M * K, K, M, &wm, &ep, dp, 0)
+                       : g4c_pgemm_launch(dx, (size_t)M * K, K, M, &wm, &ep, dp, 0);
     };
 #define PG_CK(call, what)                                                                                              \
     do {                                                                                                               \
         if ((e = (call)) != cudaSuccess) {                                                                             \
-            st = pg_fail(err, e, what);                                                                                \
+            st = g4_cuda_fail(err, e, what);                                                                                \
             goto done;                                                                                                 \
         }                                                                                                              \
     } while (0)
     PG_CK(cudaMalloc(&dx, nx * 2), "prefill GEMM inputs");
     PG_CK(cudaMalloc(&dw, nw), "prefill GEMM weights");
     PG_CK(cudaMalloc(&dy, ny * 4), "prefill GEMM outputs");
+    wm.data = dw;
+    ep.y = dy;
     if (S > 1) PG_CK(cudaMalloc(&dp, ny * 4 * S), "prefill GEMM partial sums");
     PG_CK(cudaMemcpy(dx, terms, nx * 2, cudaMemcpyHostToDevice), "copying the inputs");
     PG_CK(cudaMemcpy(dw, w, nw, cudaMemcpyHostToDevice), "copying the weights");
     PG_CK(cudaMemset(dy, 0xff, ny * 4), "clearing the outputs");
-    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
-          "prefill GEMM shared memory");
-    PG_CK(cudaFuncSetAttribute(g4c_pgemm_kernel<G4C_Q4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PG_SMEM),
-          "prefill GEMM shared memory");
-    launch();
-    PG_CK(cudaGetLastError(), "launching the prefill GEMM");
+    PG_CK(variant ? g4c_pgemm_wg_init() : g4c_pgemm_init(), "prefill GEMM shared memory");
+    PG_CK(launch(), "launching the prefill GEMM");
     PG_CK(cudaDeviceSynchronize(), "running the prefill GEMM");
     if (reps > 0) {
         PG_CK(cudaEventCreate(&ev[0]), "timing");
         PG_CK(cudaEventCreate(&ev[1]), "timing");
         PG_CK(cudaEventRecord(ev[0]), "timing");
-        for (int r = 0; r < reps; r++) launch();
+        for (int r = 0; r < reps; r++) PG_CK(launch(), "launching the prefill GEMM");
         PG_CK(cudaEventRecord(ev[1]), "timing");
         PG_CK(cudaEventSynchronize(ev[1]), "running the prefill GEMM");
         float t = 0;

@@ -235,6 +235,11 @@ typedef struct g4c_op {
     int fp_ks;            /* matmul: > 0 when the prefill procedure takes the stage (bf16 row-major
                              or Q4 / Q8 weights, K a multiple of 32, no argmax): its K segments per band
                              (session.cu fp_segments, shape only) */
+    int prep_only;        /* the last stage of a fast prefill's launch (session.cu pg_plan): a
+                             matmul with fp_ks > 0 runs only its input phase (the terms in p.fp_x;
+                             the products are the prefill GEMM's launch that follows), an
+                             attention stage of the wide kernels only its queries' and own K/V
+                             rows' norms and ropes (the items are pattn.cu's launch) */
 } g4c_op;
 
 /* device-side control block: what the host sets before a launch and the kernel's results */

@@ -35,14 +35,14 @@ extern "C" {
 #include "cuda/cuda.h"
 #include "cuda/internal.h"
 
-static g4_status cuda_fail(g4_error *err, cudaError_t e, const char *what) {
+g4_status g4_cuda_fail(g4_error *err, cudaError_t e, const char *what) {
     g4_status code = e == cudaErrorMemoryAllocation ? G4_ERR_NOMEM : G4_ERR_IO;
     return g4_fail(err, code, "CUDA: %s: %s", what, cudaGetErrorString(e));
 }
 #define CK(call, what)                                                                                                 \
     do {                                                                                                               \
         cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) return cuda_fail(err, e_, what);                                                        \
+        if (e_ != cudaSuccess) return g4_cuda_fail(err, e_, what);                                                     \
     } while (0)
 
 /* ---- a bump allocator over one device allocation, run twice: sizes first, then addresses ---- */
@@ -121,6 +121,16 @@ struct g4_cuda {
     std::vector<dev_layer> lw;
     std::vector<g4c_op> ops;
     g4c_op *d_ops;
+    /* fast prefill as launches (pg_build): the persistent kernel over ranges of a copy of the
+     * stage list, the prefill GEMM for the matmul stages it takes */
+    int pg_on;                           /* G4_CUDA_PGEMM=0 at creation: off (the kernel's own fp_gemm) */
+    int pg_wg;                           /* bf16 stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
+    std::vector<int> pg_plan;            /* >= 0: ops[i]'s own launch (a matmul: the prefill GEMM; attention:
+                                            pattn.cu); < 0: -1 - index into pg_range */
+    std::vector<int> pg_range;           /* pairs (first, count) in d_pops */
+    std::vector<g4c_op> pops;
+    g4c_op *d_pops;
+    float *pg_part, *pg_up;              /* K segments' partial sums; a gate/up pair's up projection */
     /* drafter */
     const g4_drafter *dr;
     char *dwmem, *damem;
@@ -894,6 +904,92 @@ static g4_status push_ops(g4_cuda *c, std::vector<g4c_op> &ops, g4c_op **dev, g4
     return G4_OK;
 }
 
+/* ---- fast prefill as a sequence of launches -------------------------------------------------------- */
+
+/* a matrix the prefill GEMM reads: bf16 row-major, or per-channel signed 4-bit rows with one f32
+ * scale and no bias (QAT int4) */
+static int pg_mat_ok(const g4c_mat &w) {
+    if (!w.data || (w.flags & G4C_QF_TILED) || w.row_bytes % 16 || (uintptr_t)w.data % 16) return 0;
+    if (w.type == G4C_BF16) return 1;
+    return w.type == G4C_Q4 && (w.flags & G4C_QF_SIGNED) && !(w.flags & G4C_QF_BIAS) && w.group == w.cols &&
+           w.stype == G4C_S_F32 && w.sc_off % 4 == 0;
+}
+
+/* a stage of a fast prefill the prefill GEMM takes: one the kernel's prefill procedure takes
+ * (fp_ks > 0: no argmax, no logits range, whole k-steps) whose matrices it reads and whose
+ * epilogue it has */
+static int pg_stage(const g4c_op &o) {
+    if (o.kind != G4C_OP_MATMUL || o.fp_ks <= 0 || o.nparts < 1) return 0;
+    if (o.epi != G4C_EPI_STORE && o.epi != G4C_EPI_PLE_GATE && o.epi != G4C_EPI_GELU_PAIR) return 0;
+    for (int i = 0; i < o.nparts; i++)
+        if (!pg_mat_ok(o.part[i].w) || o.part[i].argmax) return 0;
+    return 1;
+}
+
+/* The fast prefill's launches from the target's stage list: each run of stages up to one with a
+ * launch of its own (a matmul the prefill GEMM takes; an attention stage pattn.cu takes) is a
+ * launch of the persistent kernel (its own copy of those stages, the L2 prefetch links kept within
+ * it) whose last stage runs its first phase only (prep_only: a matmul's input terms; attention's
+ * norms and ropes of the queries and own K/V rows); then that stage's own launches; the stages
+ * after the last such stage are a final launch. Per output the arithmetic of either kernel does
+ * not depend on the launch's token count, so a prompt's logits still do not depend on the chunk
+ * size. */
+static g4_status pg_build(g4_cuda *c, g4_error *err) {
+    c->pg_plan.clear();
+    c->pg_range.clear();
+    c->pops.clear();
+    cudaFree(c->d_pops);
+    cudaFree(c->pg_part);
+    cudaFree(c->pg_up);
+    c->d_pops = NULL;
+    c->pg_part = c->pg_up = NULL;
+    if (!c->pg_on) return G4_OK;
+    const std::vector<g4c_op> &ops = c->ops;
+    const int n = (int)ops.size(), B = c->max_batch;
+    size_t need_part = 0, need_up = 0;
+    auto range = [&](int b, int e, int prep) { /* stages [b, e) */
+        if (e <= b) return;
+        c->pg_plan.push_back(-1 - (int)(c->pg_range.size() / 2));
+        c->pg_range.push_back((int)c->pops.size());
+        c->pg_range.push_back(e - b);
+        for (int j = b; j < e; j++) {
+            g4c_op o = ops[(size_t)j];
+            o.pf_next = o.pf_next > j && o.pf_next < e ? o.pf_next - b : -1;
+            o.prep_only = prep && j == e - 1;
+            c->pops.push_back(o);
+        }
+    };
+    int a = 0;
+    for (int i = 0; i < n; i++) {
+        const g4c_op &o = ops[(size_t)i];
+        const int attn = o.kind == G4C_OP_ATTN && g4c_pattn_ok(&o);
+        if (!attn && !pg_stage(o)) continue;
+        range(a, i + 1, 1);
+        c->pg_plan.push_back(i);
+        a = i + 1;
+        if (attn) continue;
+        for (int k = 0; k < o.nparts; k++) {
+            const g4c_mat &w = o.part[k].w;
+            const int S = g4c_pgemm_segments(w.rows, w.cols);
+            if (S > 1 && (size_t)S * w.rows * B > need_part) need_part = (size_t)S * w.rows * B;
+        }
+        if (o.epi == G4C_EPI_GELU_PAIR && (size_t)o.part[1].w.rows * B > need_up) need_up = (size_t)o.part[1].w.rows * B;
+    }
+    if (!a) { /* no stage for it: the kernel's own procedure */
+        c->pg_plan.clear();
+        c->pg_range.clear();
+        c->pops.clear();
+        return G4_OK;
+    }
+    range(a, n, 0);
+    CK(cudaMalloc((void **)&c->d_pops, sizeof(g4c_op) * c->pops.size()), "allocating the prefill stage lists");
+    CK(cudaMemcpy(c->d_pops, c->pops.data(), sizeof(g4c_op) * c->pops.size(), cudaMemcpyHostToDevice),
+       "uploading the prefill stage lists");
+    if (need_part) CK(cudaMalloc((void **)&c->pg_part, sizeof(float) * need_part), "allocating the prefill GEMM's partial sums");
+    if (need_up) CK(cudaMalloc((void **)&c->pg_up, sizeof(float) * need_up), "allocating the prefill GEMM's pair buffer");
+    return G4_OK;
+}
+
 /* ---- probe, create, free ------------------------------------------------------------------------ */
 
 extern "C" g4_status g4_cuda_probe(char *desc, size_t desc_len, g4_error *err) {
@@ -985,11 +1081,21 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * on. Another reduction procedure: compare logits only within one setting. */
         const char *ie = getenv("G4_CUDA_IMMA");
         c->imma = ie && atoi(ie) != 0;
+        /* fast prefill: matmul stages as launches of the prefill GEMM (pgemm.cu), unless
+         * G4_CUDA_PGEMM=0 (the persistent kernel's own fp_gemm; another reduction order) */
+        const char *pe = getenv("G4_CUDA_PGEMM");
+        c->pg_on = !(pe && atoi(pe) == 0);
+        const char *we = getenv("G4_CUDA_WGMMA");
+        c->pg_wg = !(we && atoi(we) == 0);
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
         if (e) {
-            st = cuda_fail(err, e, "sizing the persistent kernel");
+            st = g4_cuda_fail(err, e, "sizing the persistent kernel");
+            goto fail;
+        }
+        if ((e = g4c_pgemm_init()) || (e = g4c_pgemm_wg_init()) || (e = g4c_pattn_init())) {
+            st = g4_cuda_fail(err, e, "sizing the prefill kernels");
             goto fail;
         }
     }
@@ -1024,15 +1130,15 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         }
     }
     if (cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) {
-        st = cuda_fail(err, cudaGetLastError(), "creating a stream");
+        st = g4_cuda_fail(err, cudaGetLastError(), "creating a stream");
         goto fail;
     }
     if (cudaEventCreate(&c->ev0) || cudaEventCreate(&c->ev1)) {
-        st = cuda_fail(err, cudaGetLastError(), "creating events");
+        st = g4_cuda_fail(err, cudaGetLastError(), "creating events");
         goto fail;
     }
     if (cudaMallocHost((void **)&c->h_ctl, sizeof(g4c_ctl))) {
-        st = cuda_fail(err, cudaGetLastError(), "allocating pinned memory");
+        st = g4_cuda_fail(err, cudaGetLastError(), "allocating pinned memory");
         goto fail;
     }
     memset(c->h_ctl, 0, sizeof(g4c_ctl));
@@ -1041,7 +1147,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         if ((st = upload_model(c, &b, err))) goto fail;
         c->wbytes = b.used;
         if (cudaMalloc((void **)&c->wmem, c->wbytes)) {
-            st = cuda_fail(err, cudaGetLastError(), "allocating device memory for the weights");
+            st = g4_cuda_fail(err, cudaGetLastError(), "allocating device memory for the weights");
             goto fail;
         }
         b = (bump){c->wmem, 0, 0};
@@ -1057,6 +1163,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
                 goto fail;
             }
     if ((st = push_ops(c, c->ops, &c->d_ops, err))) goto fail;
+    if ((st = pg_build(c, err))) goto fail;
     *out = c;
     return G4_OK;
 fail:
@@ -1082,6 +1189,9 @@ extern "C" void g4_cuda_free(g4_cuda *c) {
     cudaFree(c->wmem);
     cudaFree(c->amem);
     cudaFree(c->d_ops);
+    cudaFree(c->d_pops);
+    cudaFree(c->pg_part);
+    cudaFree(c->pg_up);
     cudaFree(c->dbg);
     if (c->h_ctl) cudaFreeHost(c->h_ctl);
     if (c->ev0) cudaEventDestroy(c->ev0);
@@ -1152,17 +1262,22 @@ static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int 
     return G4_OK;
 }
 
-static g4_status forward_copy(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, float *logits,
-                              int direct, int fast, g4_error *err) {
-    g4_status st = launch_forward(c, pos, tokens, M, lm_from, want_logits, direct, err, fast);
-    if (st) return st;
+/* after a forward's launches: the logits of rows [lm_from, M) to the host when asked, then wait */
+static g4_status copy_logits_sync(g4_cuda *c, int M, int lm_from, int want_logits, float *logits, const char *what,
+                                  g4_error *err) {
     const size_t V = (size_t)c->m->cfg.vocab;
     if (logits && want_logits)
         CK(cudaMemcpyAsync(logits, c->logits + (size_t)lm_from * V, sizeof(float) * (size_t)(M - lm_from) * V,
                            cudaMemcpyDeviceToHost, c->stream),
            "copying logits");
-    CK(cudaStreamSynchronize(c->stream), "running the forward");
+    CK(cudaStreamSynchronize(c->stream), what);
     return G4_OK;
+}
+
+static g4_status forward_copy(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, float *logits,
+                              int direct, int fast, g4_error *err) {
+    g4_status st = launch_forward(c, pos, tokens, M, lm_from, want_logits, direct, err, fast);
+    return st ? st : copy_logits_sync(c, M, lm_from, want_logits, logits, "running the forward", err);
 }
 
 extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
@@ -1170,9 +1285,104 @@ extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens,
     return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, direct, 0, err);
 }
 
+/* one matrix of a prefill GEMM stage: bf16 on the wgmma kernel (unless G4_CUDA_WGMMA=0), 4-bit
+ * rows on the mma.sync one */
+static cudaError_t pg_gemm(g4_cuda *c, size_t ts, int M, const g4c_mat *w, const g4c_pg_epi *e) {
+    if (c->pg_wg && w->type == G4C_BF16) return g4c_pgemm_wg_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
+    return g4c_pgemm_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
+}
+
+/* a fast prefill as pg_build planned it, queued on the session's stream */
+static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
+                                   g4_error *err, cudaEvent_t *ev = NULL) {
+    if (M < 1 || M > c->max_batch || lm_from < 0 || lm_from >= M || pos < 0 || pos + M > c->n_ctx)
+        return g4_fail(err, G4_ERR_ARG, "CUDA prefill: bad block (pos %d, M %d, lm_from %d)", pos, M, lm_from);
+    g4_status st = set_tokens(c, pos, tokens, M, err);
+    if (st) return st;
+    const size_t ts = (size_t)c->max_batch * c->fp_ld;
+    if (ev) CK(cudaEventRecord(ev[0], c->stream), "timing the prefill");
+    for (size_t j = 0; j < c->pg_plan.size(); j++) {
+        if (j && ev) CK(cudaEventRecord(ev[j], c->stream), "timing the prefill");
+        const int i = c->pg_plan[j];
+        if (i < 0) {
+            const int r = -1 - i;
+            g4c_params p = base_params(c);
+            p.ops = c->d_pops + c->pg_range[(size_t)2 * r];
+            p.n_ops = c->pg_range[(size_t)2 * r + 1];
+            p.M = M;
+            p.lm_from = lm_from;
+            p.want_logits = want_logits;
+            p.fast = 1;
+            CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the prefill");
+            continue;
+        }
+        const g4c_op &o = c->ops[(size_t)i];
+        if (o.kind == G4C_OP_ATTN) {
+            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream), "launching the prefill attention");
+            continue;
+        }
+        g4c_pg_epi e;
+        memset(&e, 0, sizeof e);
+        if (o.epi == G4C_EPI_GELU_PAIR) { /* up into the pair buffer, then gate: gelu(gate) · up */
+            e.kind = G4C_PG_STORE;
+            e.y = c->pg_up;
+            e.ldy = o.part[1].w.rows;
+            CK(pg_gemm(c, ts, M, &o.part[1].w, &e), "launching the prefill GEMM");
+            e.kind = G4C_PG_GELU_PAIR;
+            e.aux = c->pg_up;
+            e.ld_aux = o.part[1].w.rows;
+            e.y = o.part[0].y;
+            e.ldy = o.part[0].ldy;
+            e.y2 = o.part[0].y2;
+            CK(pg_gemm(c, ts, M, &o.part[0].w, &e), "launching the prefill GEMM");
+            continue;
+        }
+        for (int k = 0; k < o.nparts; k++) {
+            e.kind = o.epi == G4C_EPI_PLE_GATE ? G4C_PG_PLE_GATE : G4C_PG_STORE;
+            e.y = o.part[k].y;
+            e.ldy = o.part[k].ldy;
+            e.y2 = o.part[k].y2;
+            e.aux = o.ple;
+            e.ld_aux = o.ple_ld;
+            CK(pg_gemm(c, ts, M, &o.part[k].w, &e), "launching the prefill GEMM");
+        }
+    }
+    if (ev) CK(cudaEventRecord(ev[c->pg_plan.size()], c->stream), "timing the prefill");
+    return G4_OK;
+}
+
+extern "C" g4_status g4_cuda_prefill_profile(g4_cuda *c, int pos, const int32_t *tokens, int M, double ms[3], int n_launch[3],
+                                             g4_error *err) {
+    for (int k = 0; k < 3; k++) {
+        ms[k] = 0;
+        n_launch[k] = 0;
+    }
+    if (c->pg_plan.empty()) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA prefill profile: this session's prefill is one launch");
+    const size_t n = c->pg_plan.size() + 1;
+    std::vector<cudaEvent_t> ev(n, NULL);
+    g4_status st = G4_OK;
+    for (size_t i = 0; i < n && !st; i++)
+        if (cudaEventCreate(&ev[i])) st = g4_cuda_fail(err, cudaGetLastError(), "creating events");
+    for (int r = 0; r < 2 && !st; r++) /* warm, then timed */
+        if (!(st = launch_prefill_pg(c, pos, tokens, M, M - 1, 1, err, ev.data())) && cudaStreamSynchronize(c->stream))
+            st = g4_cuda_fail(err, cudaGetLastError(), "running the prefill");
+    for (size_t j = 0; j + 1 < n && !st; j++) {
+        float t = 0;
+        cudaEventElapsedTime(&t, ev[j], ev[j + 1]);
+        const int i = c->pg_plan[j], k = i < 0 ? 0 : c->ops[(size_t)i].kind == G4C_OP_ATTN ? 2 : 1;
+        ms[k] += t;
+        n_launch[k]++;
+    }
+    for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+    return st;
+}
+
 extern "C" g4_status g4_cuda_prefill(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits,
                                      float *logits, g4_error *err) {
-    return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, 0, 1, err);
+    if (c->pg_plan.empty()) return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, 0, 1, err);
+    g4_status st = launch_prefill_pg(c, pos, tokens, M, lm_from, want_logits, err);
+    return st ? st : copy_logits_sync(c, M, lm_from, want_logits, logits, "running the prefill", err);
 }
 
 extern "C" g4_status g4_cuda_commit(g4_cuda *c, int stage_pos, int n, g4_error *err) {
@@ -1204,7 +1414,8 @@ extern "C" g4_status g4_cuda_set_debug(g4_cuda *c, int on, g4_error *err) {
     }
     build_target(c);
     finish_ops(c, c->ops);
-    return push_ops(c, c->ops, &c->d_ops, err);
+    g4_status st = push_ops(c, c->ops, &c->d_ops, err);
+    return st ? st : pg_build(c, err);
 }
 
 extern "C" g4_status g4_cuda_read(g4_cuda *c, const char *name, int layer, int m0, int n, float *out, int *row_len,
@@ -1593,7 +1804,7 @@ extern "C" g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, i
     if (!st && !e) e = cudaStreamSynchronize(c->stream);
     cudaFree(d);
     if (st) return st;
-    if (e) return cuda_fail(err, e, "running a traced forward");
+    if (e) return g4_cuda_fail(err, e, "running a traced forward");
     for (size_t i = 0; i < c->ops.size(); i++) {
         if (kinds) kinds[i] = c->ops[i].kind;
         if (wbytes) wbytes[i] = stage_weight_bytes(c->ops[i], 1);

@@ -1,9 +1,15 @@
-/* The prefill GEMM kernel on its own (src/cuda/pgemm.cu, g4_cuda_pgemm), on a GPU:
+/* The fast prefill's kernels on their own, on a GPU: the prefill GEMM (src/cuda/pgemm.cu,
+ * g4_cuda_pgemm; bf16 weights in both its variants, the mma.sync kernel and the wgmma one of
+ * pgemm_wg.cu, 4-bit weights in the mma.sync one) and the prefill attention (src/cuda/pattn.cu,
+ * g4_cuda_pattn):
  *   check   random inputs of awkward shapes against a double-precision reference (within the f32
  *           accumulation bound), and M-invariance: the same tokens computed in blocks of other
- *           sizes, at other places in the token tiles, give the same bits;
- *   bench   (--bench) every matmul shape of an E2B layer at M = 512 and 2048 tokens: time, bf16
- *           product rate, and E2B's matmul time per prompt token summed over its 35 layers.
+ *           sizes, at other places in the token tiles, give the same bits (each variant against
+ *           itself);
+ *   bench   (--bench) every matmul shape of an E2B layer at M = 512 and 2048 tokens, per weight
+ *           type and variant: time, bf16 product rate, and E2B's matmul time per prompt token
+ *           summed over its 35 layers; then E2B's attention layers for such a chunk after 128
+ *           tokens.
  * usage: gpu_gemm [--bench]          exit 1 when a check fails */
 #include <math.h>
 #include <stdio.h>
@@ -84,8 +90,13 @@ static wmat make_weights(int wt, int N, int K) {
     return m;
 }
 
-/* one checked shape: returns the number of failures */
-static int check_shape(int wt, int M, int N, int K) {
+/* the kernel a variant of g4_cuda_pgemm names */
+static const char *variant_name(int wt, int variant) {
+    return wt == 2 ? (variant ? "bf16 wgmma" : "bf16 mma  ") : "q4   mma  ";
+}
+
+/* one checked shape with one kernel variant (0 mma.sync, 1 wgmma): returns the number of failures */
+static int check_shape(int wt, int variant, int M, int N, int K) {
     float *x = malloc(sizeof(float) * (size_t)M * K), *y = malloc(sizeof(float) * (size_t)M * N);
     uint16_t *t = malloc(2 * 3 * (size_t)M * K);
     int fails = 0;
@@ -96,8 +107,8 @@ static int check_shape(int wt, int M, int N, int K) {
     }
     split_terms(x, M, K, t);
     g4_error err = {0};
-    if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, y, 0, NULL, &err)) {
-        printf("FAIL M %d N %d K %d: %s\n", M, N, K, err.message);
+    if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, variant, y, 0, NULL, &err)) {
+        printf("FAIL %s M %d N %d K %d: %s\n", variant_name(wt, variant), M, N, K, err.message);
         fails = 1;
         goto done;
     }
@@ -112,7 +123,9 @@ static int check_shape(int wt, int M, int N, int K) {
             }
             const double e = fabs(y[(size_t)m * N + r] - ref), bound = (K + 8) * ldexp(1.0, -24) * mag + 1e-30;
             if (!(e <= bound)) {
-                if (fails < 5) printf("FAIL M %d N %d K %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)\n", M, N, K, m, r, y[(size_t)m * N + r], ref, bound);
+                if (fails < 5)
+                    printf("FAIL %s M %d N %d K %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)\n", variant_name(wt, variant), M,
+                           N, K, m, r, y[(size_t)m * N + r], ref, bound);
                 fails++;
             }
             if (mag > 0 && e / mag > worst) worst = e / mag;
@@ -126,11 +139,12 @@ static int check_shape(int wt, int M, int N, int K) {
         float *ys = malloc(sizeof(float) * (size_t)ms * N);
         for (int j = 0; j < 3; j++)
             memcpy(ts + (size_t)j * ms * K, t + (size_t)j * M * K + (size_t)m0 * K, 2 * (size_t)ms * K);
-        if (g4_cuda_pgemm(ts, w.rows, wt, w.rb, w.sc_off, ms, N, K, ys, 0, NULL, &err)) {
-            printf("FAIL M %d N %d K %d (block of %d): %s\n", M, N, K, ms, err.message);
+        if (g4_cuda_pgemm(ts, w.rows, wt, w.rb, w.sc_off, ms, N, K, variant, ys, 0, NULL, &err)) {
+            printf("FAIL %s M %d N %d K %d (block of %d): %s\n", variant_name(wt, variant), M, N, K, ms, err.message);
             fails++;
         } else if (memcmp(ys, y + (size_t)m0 * N, sizeof(float) * (size_t)ms * N)) {
-            printf("FAIL M %d N %d K %d: tokens %d..%d alone differ from the %d-token block\n", M, N, K, m0, m0 + ms - 1, M);
+            printf("FAIL %s M %d N %d K %d: tokens %d..%d alone differ from the %d-token block\n", variant_name(wt, variant), M,
+                   N, K, m0, m0 + ms - 1, M);
             fails++;
             same = 0;
         }
@@ -138,7 +152,7 @@ static int check_shape(int wt, int M, int N, int K) {
         free(ys);
     }
     printf("%s %s M %4d N %5d K %5d: worst error %.2e of sum|w·x| (bound %.2e), sub-blocks %s\n", fails ? "FAIL" : "ok  ",
-           wt == 2 ? "bf16" : "q4  ", M, N, K, worst, (K + 8) * ldexp(1.0, -24), same ? "bitwise equal" : "DIFFER");
+           variant_name(wt, variant), M, N, K, worst, (K + 8) * ldexp(1.0, -24), same ? "bitwise equal" : "DIFFER");
 done:
     free(x);
     free(y);
@@ -170,11 +184,12 @@ static const struct {
 static int bench(void) {
     const int Ms[] = {512, 2048};
     for (int wt = 2; wt <= 4; wt += 2)
+    for (int variant = 0; variant <= (wt == 2); variant++) /* bf16: mma.sync and wgmma; 4-bit: mma.sync */
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int M = Ms[mi];
         double total_ms = 0, flops = 0;
-        printf("\nE2B matmul shapes, %s weights, at M = %d tokens (one launch each, mean of 20):\n",
-               wt == 2 ? "bf16" : "per-channel 4-bit", M);
+        printf("\nE2B matmul shapes, %s weights, %s kernel (variant %d), at M = %d tokens (one launch each, mean of 20):\n",
+               wt == 2 ? "bf16" : "per-channel 4-bit", variant ? "wgmma" : "mma.sync", variant, M);
         for (size_t i = 0; i < sizeof e2b / sizeof e2b[0]; i++) {
             const int N = e2b[i].N, K = e2b[i].K;
             uint16_t *t = malloc(2 * 3 * (size_t)M * K);
@@ -183,7 +198,7 @@ static int bench(void) {
             for (size_t j = 0; j < 3 * (size_t)M * K; j++) t[j] = bf16_rn((float)(urand() - 0.5));
             double ms = 0;
             g4_error err = {0};
-            if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, y, 20, &ms, &err)) {
+            if (g4_cuda_pgemm(t, w.rows, wt, w.rb, w.sc_off, M, N, K, variant, y, 20, &ms, &err)) {
                 printf("bench: %s\n", err.message);
                 return 1;
             }
@@ -203,25 +218,169 @@ static int bench(void) {
     return 0;
 }
 
+
+/* ---- the prefill attention ---- */
+
+typedef struct {
+    int nH, nkv, d, is_full, window, pos0, M, kb; /* kb: keys per block for 256-wide heads (0: default) */
+} attn_shape;
+
+/* positions 0 .. pos0 + M - 1: q of the block's tokens, k and v of every position; uniform in
+ * [-1, 1] (scores of a 512-wide head spread over ~±20: a sharp softmax) */
+static void attn_data(const attn_shape *a, float **q, float **k, float **v) {
+    const size_t nq = (size_t)a->M * a->nH * a->d, nk = (size_t)(a->pos0 + a->M) * a->nkv * a->d;
+    *q = malloc(sizeof(float) * nq);
+    *k = malloc(sizeof(float) * nk);
+    *v = malloc(sizeof(float) * nk);
+    for (size_t i = 0; i < nq; i++) (*q)[i] = (float)(2 * urand() - 1);
+    for (size_t i = 0; i < nk; i++) (*k)[i] = (float)(2 * urand() - 1);
+    for (size_t i = 0; i < nk; i++) (*v)[i] = (float)(2 * urand() - 1);
+}
+
+static int check_attn(const attn_shape *a) {
+    float *q, *k, *v;
+    attn_data(a, &q, &k, &v);
+    const int nH = a->nH, d = a->d, row = a->nkv * d, group = nH / a->nkv;
+    const size_t nq = (size_t)a->M * nH * d;
+    float *att = malloc(sizeof(float) * nq), *sub = malloc(sizeof(float) * nq);
+    double *sc = malloc(sizeof(double) * (size_t)(a->pos0 + a->M));
+    g4_error err = {0};
+    int fails = 0;
+    if (g4_cuda_pattn(q, k, v, a->pos0, a->M, nH, a->nkv, d, a->is_full, a->window, a->kb, att, 0, NULL, &err)) {
+        printf("FAIL attention: %s\n", err.message);
+        fails = 1;
+        goto done;
+    }
+    double worst = 0;
+    for (int m = 0; m < a->M; m++)
+        for (int h = 0; h < nH; h++) {
+            const int pq = a->pos0 + m, lo = a->is_full ? 0 : (pq - a->window + 1 > 0 ? pq - a->window + 1 : 0);
+            const float *qr = q + ((size_t)m * nH + h) * d;
+            double mx = -INFINITY, sum = 0;
+            for (int j = lo; j <= pq; j++) {
+                const float *kr = k + (size_t)j * row + (size_t)(h / group) * d;
+                double s = 0;
+                for (int e = 0; e < d; e++) s += (double)qr[e] * kr[e];
+                sc[j] = s;
+                mx = s > mx ? s : mx;
+            }
+            for (int j = lo; j <= pq; j++) sum += exp(sc[j] - mx);
+            for (int e = 0; e < d; e++) {
+                double o = 0;
+                for (int j = lo; j <= pq; j++) o += exp(sc[j] - mx) / sum * v[(size_t)j * row + (size_t)(h / group) * d + e];
+                const double err1 = fabs(o - att[((size_t)m * nH + h) * d + e]);
+                if (!(err1 <= worst)) worst = err1; /* NaN sticks */
+            }
+        }
+    /* the same tokens in blocks of 1 (the first 3), 7 and 64, each launch with the positions
+     * before it served from the cache */
+    for (size_t i = 0; i < nq; i++) sub[i] = NAN;
+    const int blocks[] = {1, 1, 1, 7, 64};
+    int at = 0, bi = 0;
+    while (at < a->M && !fails) {
+        int n = blocks[bi < 4 ? bi : 4];
+        if (bi < 4) bi++;
+        if (at + n > a->M) n = a->M - at;
+        if (g4_cuda_pattn(q + (size_t)at * nH * d, k, v, a->pos0 + at, n, nH, a->nkv, d, a->is_full, a->window, a->kb,
+                          sub + (size_t)at * nH * d, 0, NULL, &err)) {
+            printf("FAIL attention blocks: %s\n", err.message);
+            fails = 1;
+        }
+        at += n;
+    }
+    const int same = !fails && !memcmp(sub, att, sizeof(float) * nq);
+    /* within f32 rounding of the double reference: a score's error is at most ~d·2^-24 (each
+     * |q·k| term <= 1), a weight's relative error that much, an output (|v| <= 1) the same: 4x that */
+    const double bound = 2.4e-7 * d + 1e-6;
+    if (!(worst <= bound) || !same) fails = 1;
+    printf("%s attention %2d heads / %2d KV, d %3d%s, %s, pos %3d + %3d tokens: worst error %.2e (bound %.1e), blocks 1/7/64 %s\n",
+           fails ? "FAIL" : "ok  ", nH, a->nkv, d, a->kb == 64 ? " (64-key blocks)" : "", a->is_full ? "full   " : "sliding", a->pos0,
+           a->M, worst, bound, same ? "bitwise identical" : "DIFFER");
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(att);
+    free(sub);
+    free(sc);
+    return fails;
+}
+
+static int bench_attn(void) {
+    const int Ms[] = {512, 2048};
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+        const int M = Ms[mi];
+        /* E2B: 28 sliding layers (256-wide heads, window 512), 7 full (512-wide); sliding also with
+         * 64-key blocks, for comparison (not counted in the total) */
+        const attn_shape kinds[3] = {{8, 1, 256, 0, 512, 128, M, 0}, {8, 1, 512, 1, 0, 128, M, 0}, {8, 1, 256, 0, 512, 128, M, 64}};
+        const int layers[3] = {28, 7, 0};
+        double total = 0, flops = 0;
+        printf("\nE2B attention for %d tokens after 128 (one launch each, mean of 10):\n", M);
+        for (int i = 0; i < 3; i++) {
+            float *q, *k, *v;
+            attn_data(&kinds[i], &q, &k, &v);
+            float *att = malloc(sizeof(float) * (size_t)M * 8 * kinds[i].d);
+            double ms = 0, f = 0;
+            g4_error err = {0};
+            if (g4_cuda_pattn(q, k, v, 128, M, 8, 1, kinds[i].d, kinds[i].is_full, kinds[i].window, kinds[i].kb, att, 10, &ms, &err)) {
+                printf("bench: %s\n", err.message);
+                return 1;
+            }
+            for (int m = 0; m < M; m++) {
+                const int pq = 128 + m, keys = kinds[i].is_full || pq < kinds[i].window ? pq + 1 : kinds[i].window;
+                f += 4.0 * kinds[i].d * 8 * keys;
+            }
+            printf("  %-8s d %3d, %2d-key blocks: %8.1f us  %6.1f TFLOP/s of scores and sums\n", kinds[i].is_full ? "full" : "sliding",
+                   kinds[i].d, kinds[i].kb ? kinds[i].kb : 32, ms * 1e3, f / (ms * 1e-3) / 1e12);
+            total += ms * layers[i];
+            flops += f * layers[i];
+            free(q);
+            free(k);
+            free(v);
+            free(att);
+        }
+        printf("  E2B, all 35 layers' attention for %d tokens: %.2f ms = %.1f us per token, %.1f TFLOP/s\n", M, total,
+               total * 1e3 / M, flops / (total * 1e-3) / 1e12);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--bench")) return bench();
+    if (argc > 1 && !strcmp(argv[1], "--bench")) return bench() || bench_attn();
     const int shapes[][3] = {{1, 16, 32}, {3, 200, 96}, {130, 130, 64}, {300, 257, 1536}, {257, 1536, 2048}, {64, 24576, 256}, {70, 256, 1056}};
     int fails = 0;
     for (int wt = 2; wt <= 4; wt += 2)
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) fails += check_shape(wt, shapes[i][0], shapes[i][1], shapes[i][2]);
+        for (int variant = 0; variant <= (wt == 2); variant++) /* bf16: mma.sync and wgmma; 4-bit: mma.sync */
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+                fails += check_shape(wt, variant, shapes[i][0], shapes[i][1], shapes[i][2]);
     uint16_t z = 0;
     float yz;
     g4_error err = {0};
-    if (g4_cuda_pgemm(&z, &z, 2, 96, 0, 1, 1, 48, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+    if (g4_cuda_pgemm(&z, &z, 2, 96, 0, 1, 1, 48, 0, &yz, 0, NULL, &err) != G4_ERR_ARG) {
         printf("FAIL: K = 48 was not refused\n");
         fails++;
     } else
         printf("ok   K = 48 refused: %s\n", err.message);
-    if (g4_cuda_pgemm(&z, &z, 4, 32, 8, 1, 1, 64, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+    if (g4_cuda_pgemm(&z, &z, 4, 32, 8, 1, 1, 64, 0, &yz, 0, NULL, &err) != G4_ERR_ARG) {
         printf("FAIL: a 4-bit scale inside the codes was not refused\n");
         fails++;
     } else
         printf("ok   scale offset inside the codes refused: %s\n", err.message);
+    if (g4_cuda_pgemm(&z, &z, 4, 48, 32, 1, 1, 64, 1, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+        printf("FAIL: the wgmma kernel was not refused 4-bit weights\n");
+        fails++;
+    } else
+        printf("ok   wgmma with 4-bit weights refused: %s\n", err.message);
+    const attn_shape as[] = {
+        {8, 1, 256, 0, 512, 130, 300, 0}, /* E2B sliding */
+        {8, 1, 256, 0, 512, 130, 300, 64}, /* the same in 64-key blocks */
+        {8, 1, 512, 1, 0, 130, 300, 0},   /* E2B full */
+        {8, 2, 256, 0, 64, 100, 200, 0},  /* E4B-like heads, a window the block overruns (ring cache) */
+        {32, 16, 256, 0, 100, 37, 150, 0}, /* 31B sliding heads, a window not a multiple of the key block */
+        {4, 2, 16, 0, 8, 0, 70, 0},       /* the fixtures' heads, from position 0 */
+        {16, 1, 128, 1, 0, 5, 33, 0},     /* 16 query heads per KV head */
+    };
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) fails += check_attn(&as[i]);
     printf("gpu_gemm: %s (%d failures)\n", fails ? "FAIL" : "all passed", fails);
     return fails ? 1 : 0;
 }
