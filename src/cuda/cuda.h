@@ -104,9 +104,9 @@ g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chun
  * terms holds the three bf16 planes [3][M][K] of the inputs (x = h + mid + l, each bf16 of the
  * remainder so far) and w has N rows of row_bytes (a multiple of 16): wtype 2 (bf16 row-major) or
  * 4 (per-channel signed 4-bit codes, LSB-first, w = s·(q − 8), one f32 scale per row at byte
- * sc_off); host arrays, K a multiple of 32. variant: the kernel, 0 mma.sync (any weights), 1 wgmma
- * (pgemm_wg.cu, bf16 only; G4_ERR_ARG otherwise). reps > 0 also times that many launches (*ms:
- * mean per launch). */
+ * sc_off); host arrays, K a multiple of 32. variant: the kernel, 0 mma.sync or 1 wgmma
+ * (pgemm_wg.cu), either for both weight types (another variant: G4_ERR_ARG). reps > 0 also times
+ * that many launches (*ms: mean per launch). */
 g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M, int N, int K,
                         int variant, float *y, int reps, double *ms, g4_error *err);
 /* The fast prefill's attention kernel (pattn.cu) alone, for tests and benchmarks: queries q

@@ -66,10 +66,10 @@ cudaError_t g4c_pgemm_launch(const unsigned short *x, size_t ts, int ldx, int M,
 /* The second half of a launch split into S > 1 segments: each output the sum of part[0..S) in
  * segment order (times the row's scale for 4-bit rows), then the epilogue (pgemm.cu). */
 cudaError_t g4c_pgemm_reduce_launch(const float *part, int S, int M, const g4c_mat *w, const g4c_pg_epi *epi, cudaStream_t stream);
-/* g4c_pgemm_launch on Hopper's wgmma (pgemm_wg.cu), bf16 weights only (cudaErrorInvalidValue
- * otherwise): the same arguments, segments, partial sums and epilogue; its own bits (not those
- * of the mma.sync kernel), the same for any M. g4c_pgemm_wg_init: its shared-memory size (once per
- * process and device, before launches). */
+/* g4c_pgemm_launch on Hopper's wgmma (pgemm_wg.cu), for the same weights - bf16 or per-channel
+ * signed 4-bit rows (cudaErrorInvalidValue for other types): the same arguments, segments, partial
+ * sums and epilogue; its own bits (not those of the mma.sync kernel), the same for any M.
+ * g4c_pgemm_wg_init: its shared-memory sizes (once per process and device, before launches). */
 cudaError_t g4c_pgemm_wg_init(void);
 cudaError_t g4c_pgemm_wg_launch(const unsigned short *x, size_t ts, int ldx, int M, const g4c_mat *w, const g4c_pg_epi *epi,
                                 float *part, cudaStream_t stream);

@@ -16,8 +16,8 @@
  * fp_kstep), k-steps ascending. Which tile a token or a row falls in changes nothing, so a token's
  * outputs are the same bits for any M.
  *
- * pgemm_wg.cu is the same GEMM on Hopper's wgmma for bf16 weights (g4c_pgemm_wg_launch: the same
- * segments, reduction and epilogue - pgemm.cuh - with bits of its own). */
+ * pgemm_wg.cu is the same GEMM on Hopper's wgmma for the same weights (g4c_pgemm_wg_launch: the
+ * same segments, reduction and epilogue - pgemm.cuh - with bits of its own). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
@@ -229,8 +229,7 @@ extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wty
         return g4_fail(err, G4_ERR_ARG, "prefill GEMM: bad shape (M %d, N %d, K %d: K must be a positive multiple of %d)", M, N,
                        K, 32);
     const bool q4 = wtype == G4C_Q4;
-    if (variant != 0 && (variant != 1 || wtype != G4C_BF16))
-        return g4_fail(err, G4_ERR_ARG, "prefill GEMM: no variant %d for weights of type %d (1, wgmma: bf16 only)", variant, wtype);
+    if (variant != 0 && variant != 1) return g4_fail(err, G4_ERR_ARG, "prefill GEMM: no variant %d (0 mma.sync, 1 wgmma)", variant);
     if ((wtype != G4C_BF16 && !q4) || row_bytes % 16 || row_bytes < (q4 ? K / 2 : 2LL * K) ||
         (q4 && (sc_off < K / 2 || sc_off % 4 || sc_off + 4 > row_bytes)))
         return g4_fail(err, G4_ERR_ARG, "prefill GEMM: unsupported weights (type %d, %lld bytes per row, scale at %d)", wtype,

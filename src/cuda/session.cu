@@ -124,7 +124,7 @@ struct g4_cuda {
     /* fast prefill as launches (pg_build): the persistent kernel over ranges of a copy of the
      * stage list, the prefill GEMM for the matmul stages it takes */
     int pg_on;                           /* G4_CUDA_PGEMM=0 at creation: off (the kernel's own fp_gemm) */
-    int pg_wg;                           /* bf16 stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
+    int pg_wg;                           /* matmul stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
     std::vector<int> pg_plan;            /* >= 0: ops[i]'s own launch (a matmul: the prefill GEMM; attention:
                                             pattn.cu); < 0: -1 - index into pg_range */
     std::vector<int> pg_range;           /* pairs (first, count) in d_pops */
@@ -1285,10 +1285,10 @@ extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens,
     return forward_copy(c, pos, tokens, M, lm_from, want_logits, logits, direct, 0, err);
 }
 
-/* one matrix of a prefill GEMM stage: bf16 on the wgmma kernel (unless G4_CUDA_WGMMA=0), 4-bit
- * rows on the mma.sync one */
+/* one matrix of a prefill GEMM stage (bf16 or per-channel 4-bit rows, pg_mat_ok): on the wgmma
+ * kernel, or with G4_CUDA_WGMMA=0 on the mma.sync one */
 static cudaError_t pg_gemm(g4_cuda *c, size_t ts, int M, const g4c_mat *w, const g4c_pg_epi *e) {
-    if (c->pg_wg && w->type == G4C_BF16) return g4c_pgemm_wg_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
+    if (c->pg_wg) return g4c_pgemm_wg_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
     return g4c_pgemm_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
 }
 

@@ -1,6 +1,6 @@
 /* The fast prefill's kernels on their own, on a GPU: the prefill GEMM (src/cuda/pgemm.cu,
- * g4_cuda_pgemm; bf16 weights in both its variants, the mma.sync kernel and the wgmma one of
- * pgemm_wg.cu, 4-bit weights in the mma.sync one) and the prefill attention (src/cuda/pattn.cu,
+ * g4_cuda_pgemm; bf16 and per-channel 4-bit weights, each in both its variants, the mma.sync
+ * kernel and the wgmma one of pgemm_wg.cu) and the prefill attention (src/cuda/pattn.cu,
  * g4_cuda_pattn):
  *   check   random inputs of awkward shapes against a double-precision reference (within the f32
  *           accumulation bound), and M-invariance: the same tokens computed in blocks of other
@@ -92,7 +92,8 @@ static wmat make_weights(int wt, int N, int K) {
 
 /* the kernel a variant of g4_cuda_pgemm names */
 static const char *variant_name(int wt, int variant) {
-    return wt == 2 ? (variant ? "bf16 wgmma" : "bf16 mma  ") : "q4   mma  ";
+    if (wt == 2) return variant ? "bf16 wgmma" : "bf16 mma  ";
+    return variant ? "q4   wgmma" : "q4   mma  ";
 }
 
 /* one checked shape with one kernel variant (0 mma.sync, 1 wgmma): returns the number of failures */
@@ -184,7 +185,7 @@ static const struct {
 static int bench(void) {
     const int Ms[] = {512, 2048};
     for (int wt = 2; wt <= 4; wt += 2)
-    for (int variant = 0; variant <= (wt == 2); variant++) /* bf16: mma.sync and wgmma; 4-bit: mma.sync */
+    for (int variant = 0; variant <= 1; variant++) /* mma.sync and wgmma */
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int M = Ms[mi];
         double total_ms = 0, flops = 0;
@@ -347,10 +348,15 @@ static int bench_attn(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--bench")) return bench() || bench_attn();
-    const int shapes[][3] = {{1, 16, 32}, {3, 200, 96}, {130, 130, 64}, {300, 257, 1536}, {257, 1536, 2048}, {64, 24576, 256}, {70, 256, 1056}};
+    /* {M, N, K}; K segments and chunks (64 columns; the wgmma kernel takes 4-bit rows' full chunks
+     * two at a time): K 32 one half chunk; 96 one full chunk and a half; 224 three full and a half;
+     * 192 three full; 1056 two segments of 8 full (the second and a half); 1216 two segments of 9
+     * full and a half */
+    const int shapes[][3] = {{1, 16, 32},     {3, 200, 96},     {130, 130, 64}, {300, 257, 1536}, {257, 1536, 2048},
+                             {64, 24576, 256}, {70, 256, 1056}, {45, 300, 224}, {129, 70, 192},   {33, 300, 1216}};
     int fails = 0;
     for (int wt = 2; wt <= 4; wt += 2)
-        for (int variant = 0; variant <= (wt == 2); variant++) /* bf16: mma.sync and wgmma; 4-bit: mma.sync */
+        for (int variant = 0; variant <= 1; variant++) /* mma.sync and wgmma */
             for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
                 fails += check_shape(wt, variant, shapes[i][0], shapes[i][1], shapes[i][2]);
     uint16_t z = 0;
@@ -361,16 +367,18 @@ int main(int argc, char **argv) {
         fails++;
     } else
         printf("ok   K = 48 refused: %s\n", err.message);
-    if (g4_cuda_pgemm(&z, &z, 4, 32, 8, 1, 1, 64, 0, &yz, 0, NULL, &err) != G4_ERR_ARG) {
-        printf("FAIL: a 4-bit scale inside the codes was not refused\n");
+    for (int variant = 0; variant <= 1; variant++) {
+        if (g4_cuda_pgemm(&z, &z, 4, 32, 8, 1, 1, 64, variant, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+            printf("FAIL: a 4-bit scale inside the codes was not refused (variant %d)\n", variant);
+            fails++;
+        } else
+            printf("ok   scale offset inside the codes refused (variant %d): %s\n", variant, err.message);
+    }
+    if (g4_cuda_pgemm(&z, &z, 4, 48, 32, 1, 1, 64, 2, &yz, 0, NULL, &err) != G4_ERR_ARG) {
+        printf("FAIL: variant 2 was not refused\n");
         fails++;
     } else
-        printf("ok   scale offset inside the codes refused: %s\n", err.message);
-    if (g4_cuda_pgemm(&z, &z, 4, 48, 32, 1, 1, 64, 1, &yz, 0, NULL, &err) != G4_ERR_ARG) {
-        printf("FAIL: the wgmma kernel was not refused 4-bit weights\n");
-        fails++;
-    } else
-        printf("ok   wgmma with 4-bit weights refused: %s\n", err.message);
+        printf("ok   variant 2 refused: %s\n", err.message);
     const attn_shape as[] = {
         {8, 1, 256, 0, 512, 130, 300, 0}, /* E2B sliding */
         {8, 1, 256, 0, 512, 130, 300, 64}, /* the same in 64-key blocks */
