@@ -40,10 +40,11 @@ fi
 
 declare -a summary=()
 fail=0
-# the prefill GEMM kernel on its own (src/cuda/pgemm.cu): against a double reference, bitwise the
-# same for any number of tokens; then its speed on E2B's matmul shapes
+# the fast prefill's kernels on their own (the GEMMs of src/cuda/pgemm.cu and pgemm_wg.cu, the
+# attention of pattn.cu): against a double reference, bitwise the same for any number of tokens;
+# then their speed on E2B's shapes
 if [ -x "$BUILD/tests/gpu/gpu_gemm" ]; then
-  say "== prefill GEMM kernel"
+  say "== prefill kernels (gpu_gemm)"
   if timeout 120 "$BUILD/tests/gpu/gpu_gemm" >"$LOG.gemm" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
   tee -a "$LOG" <"$LOG.gemm"
   summary+=("$r gpu_gemm: $(tail -n 1 "$LOG.gemm")")
