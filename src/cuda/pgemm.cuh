@@ -6,10 +6,10 @@
 #include "cuda/internal.h"
 
 /* One finished output (row r, token m; the row's scale already applied): the stage's epilogue,
- * the same operations as forward.cuh mm_store / fp_store */
+ * the same operations as forward.cuh mm_store / fp_store (a PLE gate and a GELU pair's gate are
+ * both gelu(v) times their aux row: the PLE input, or the pair's up projection) */
 DEV void pg_store(const g4c_pg_epi &e, int m, int r, float v) {
-    if (e.kind == G4C_PG_PLE_GATE) v = gelu_tanh(v) * e.aux[(size_t)m * e.ld_aux + r];
-    else if (e.kind == G4C_PG_GELU_PAIR) v = gelu_tanh(v) * e.aux[(size_t)m * e.ld_aux + r];
+    if (e.kind != G4C_PG_STORE) v = gelu_tanh(v) * e.aux[(size_t)m * e.ld_aux + r];
     e.y[(size_t)m * e.ldy + r] = v;
     if (e.y2) e.y2[(size_t)m * e.ldy + r] = v;
 }
