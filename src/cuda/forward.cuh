@@ -1491,8 +1491,90 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
  * usual tolerance. */
 DEV void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-/* phase 1: token m's input row (one per block) -> p.fp_x as bf16 terms */
+/* four inputs of a token row (columns 4c .. 4c+3) -> its three bf16 term rows */
+DEV void fp_terms4(const g4c_params &p, size_t ts, int m, int c, const float4 &v) {
+    unsigned h0, m0, l0, h1, m1, l1;
+    split_bf16(v.x, v.y, h0, m0, l0);
+    split_bf16(v.z, v.w, h1, m1, l1);
+    uint2 *d = reinterpret_cast<uint2 *>(p.fp_x + (size_t)m * p.fp_ld) + c;
+    d[0] = make_uint2(h0, h1);
+    d[ts / 4] = make_uint2(m0, m1);
+    d[ts / 2] = make_uint2(l0, l1);
+}
+
+/* phase 1 with a warp per token (every warp of the grid a token at a time; a launch's tokens are
+ * then one round instead of M / grid rounds of a block each): the same element operations as
+ * load_input + split_bf16, the sums of squares in double over the lane's columns, then the xor
+ * butterfly - a function of the token's row only, so still independent of the launch's tokens.
+ * Plain rows go straight to the terms; normed rows (K · warps within the input tile) pass
+ * through the warp's own shared row. Returns 0 when the stage is not one it takes. */
+DEV int fp_prep_warp(const g4c_op *op, const g4c_params &p, int step, float *sm) {
+    const g4c_in &in = op->in;
+    const int K = op->part[0].w.cols, K4 = K / 4;
+    if (in.kind == G4C_IN_CONCAT || (op->part[0].w.flags & G4C_QF_BIAS) ||
+        (in.kind == G4C_IN_NORM && G4C_WARPS * K > p.smem_in_floats))
+        return 0;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
+    float4 *v = reinterpret_cast<float4 *>(sm + (size_t)warp * K);
+#pragma unroll 1
+    for (int m = blockIdx.x * G4C_WARPS + warp; m < p.M; m += gridDim.x * G4C_WARPS) {
+        const float4 *x = reinterpret_cast<const float4 *>(in.x + (size_t)m * in.ldx);
+        if (in.kind != G4C_IN_NORM) {
+#pragma unroll 4
+            for (int c = lane; c < K4; c += 32) fp_terms4(p, ts, m, c, lda4(reinterpret_cast<const float *>(x + c)));
+            continue;
+        }
+        const float4 *t = in.t ? reinterpret_cast<const float4 *>(in.t + (size_t)m * K) : NULL;
+        float inv_t = 0.0f;
+        if (t) {
+            double ss = 0;
+#pragma unroll 4
+            for (int c = lane; c < K4; c += 32) ss += sq4(lda4(reinterpret_cast<const float *>(t + c)));
+            inv_t = rms_inv(warp_sum_d(ss), K, p.eps);
+        }
+        double ss = 0;
+#pragma unroll 4
+        for (int c = lane; c < K4; c += 32) {
+            float4 xv = lda4(reinterpret_cast<const float *>(x + c));
+            if (t) {
+                const float4 tv = lda4(reinterpret_cast<const float *>(t + c));
+                const float4 tw = __ldg(reinterpret_cast<const float4 *>(in.t_w) + c);
+                xv.x = xv.x + tv.x * inv_t * tw.x;
+                xv.y = xv.y + tv.y * inv_t * tw.y;
+                xv.z = xv.z + tv.z * inv_t * tw.z;
+                xv.w = xv.w + tv.w * inv_t * tw.w;
+            }
+            if (in.has_scalar) xv = make_float4(xv.x * in.scalar, xv.y * in.scalar, xv.z * in.scalar, xv.w * in.scalar);
+            if (in.x_out) reinterpret_cast<float4 *>(in.x_out + (size_t)m * K)[c] = xv;
+            if (in.dbg) reinterpret_cast<float4 *>(in.dbg + (size_t)m * K)[c] = xv;
+            ss += sq4(xv);
+            v[c] = xv;
+        }
+        float inv = 1.0f;
+        if (in.norm != G4C_NORM_NONE) inv = rms_inv(warp_sum_d(ss), K, p.eps);
+        const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
+        __syncwarp();
+#pragma unroll 4
+        for (int c = lane; c < K4; c += 32) {
+            float4 xv = v[c];
+            if (in.norm != G4C_NORM_NONE) {
+                const float4 nw = __ldg(reinterpret_cast<const float4 *>(in.norm_w) + c);
+                xv = make_float4(xv.x * inv * f * nw.x, xv.y * inv * f * nw.y, xv.z * inv * f * nw.z, xv.w * inv * f * nw.w);
+                if (in.normed_out) reinterpret_cast<float4 *>(in.normed_out + (size_t)m * K + (size_t)step * in.normed_step)[c] = xv;
+            }
+            fp_terms4(p, ts, m, c, xv);
+        }
+        __syncwarp(); /* the next token reuses the row */
+    }
+    __syncthreads();
+    return 1;
+}
+
+/* phase 1: token m's input row (one per block) -> p.fp_x as bf16 terms (fp_prep_warp where it
+ * takes the stage) */
 DEVN void fp_prep(const g4c_op *op, const g4c_params &p, int step, float *sm, double *red) {
+    if (p.fp_warp && fp_prep_warp(op, p, step, sm)) return;
     const int K = op->part[0].w.cols;
     const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
 #pragma unroll 1

@@ -52,6 +52,11 @@ typedef struct g4c_pg_epi {
     const float *aux;  /* PLE_GATE: the gate's multiplier; GELU_PAIR: the up projection (this launch
                           is the gate's): y = gelu(v) · aux[m * ld_aux + r] */
     int ld_aux;
+    unsigned short *xt; /* not NULL: the next GEMM's input terms too - split_bf16 of the stored value
+                           at xt + t·xts + m·xld + r (t = 0, 1, 2), as the persistent kernel's
+                           fp_prep would write them for a plain input (session.cu pg_build) */
+    size_t xts;
+    int xld;
 } g4c_pg_epi;
 /* Sets the kernels' shared-memory size (once per process and device, before launches). */
 cudaError_t g4c_pgemm_init(void);
@@ -78,6 +83,11 @@ cudaError_t g4c_pgemm_wg_launch(const unsigned short *x, size_t ts, int ldx, int
  * p.qn or op->q) and own K/V rows are in place: op->att for tokens pos0 .. pos0 + M - 1. */
 cudaError_t g4c_pattn_init(void);
 int g4c_pattn_ok(const g4c_op *op); /* the stage is one it takes */
-/* kb: keys per block for 256-wide heads (0 or 32: the default, 64: the other instantiation) */
-cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb = 0);
+/* kb: the variant: 0 the tensor-core kernel (the default; the SIMT one with 32-key blocks where it
+ * cannot take the head width: d not a multiple of 16, 32 or 64 for heads up to 128, 256, 512), 32
+ * the SIMT kernel in 32-key blocks, 64 the SIMT kernel in 64-key blocks for heads 129..256 wide */
+/* xt (not NULL): the outputs also as the next GEMM's input terms (pgemm.cuh pg_terms; term t of
+ * token m at xt + t·xts + m·xld) */
+cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb = 0,
+                             unsigned short *xt = NULL, size_t xts = 0, int xld = 0);
 #endif

@@ -5,6 +5,17 @@
 #include "cuda/forward.cuh"
 #include "cuda/internal.h"
 
+/* one value's three bf16 terms (split_bf16's operations on one element) at x[i], x[ts + i], x[2ts + i] */
+DEV void pg_terms(unsigned short *x, size_t ts, size_t i, float v) {
+    const unsigned h = bf16x2_rn(v, v);
+    v = v - __uint_as_float(h << 16);
+    const unsigned md = bf16x2_rn(v, v);
+    v = v - __uint_as_float(md << 16);
+    x[i] = (unsigned short)h;
+    x[ts + i] = (unsigned short)md;
+    x[2 * ts + i] = (unsigned short)bf16x2_rn(v, v);
+}
+
 /* One finished output (row r, token m; the row's scale already applied): the stage's epilogue,
  * the same operations as forward.cuh mm_store / fp_store (a PLE gate and a GELU pair's gate are
  * both gelu(v) times their aux row: the PLE input, or the pair's up projection) */
@@ -12,6 +23,7 @@ DEV void pg_store(const g4c_pg_epi &e, int m, int r, float v) {
     if (e.kind != G4C_PG_STORE) v = gelu_tanh(v) * e.aux[(size_t)m * e.ld_aux + r];
     e.y[(size_t)m * e.ldy + r] = v;
     if (e.y2) e.y2[(size_t)m * e.ldy + r] = v;
+    if (e.xt) pg_terms(e.xt, e.xts, (size_t)m * e.xld + r, v);
 }
 
 /* The 32-column k-steps [*kb, *ke) of K segment z of S (S = g4c_pgemm_segments(N, K): a function of

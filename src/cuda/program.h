@@ -292,6 +292,8 @@ typedef struct g4c_params {
     int fp_ld, fp_tokens; /* fp_x row length (elements) and rows per term */
     unsigned short *fp_x; /* [G4C_FP_TERMS][fp_tokens][fp_ld] the stage's input rows as bf16 terms */
     float *fp_sx;         /* [fp_tokens][fp_ld / 32] affine-quantised stages: input sums per 32 columns */
+    int fp_warp;          /* 1: the input terms are built a warp per token (forward.cuh fp_prep_warp;
+                             G4_CUDA_FPWARP=0 at creation: a block per token) */
     float *fp_part;       /* K segments' partials [item][segment][G4C_FP_SLOT] */
     int *fp_cnt;          /* [band · token blocks] segments finished (back to 0 once added) */
     float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */

@@ -125,12 +125,19 @@ struct g4_cuda {
      * stage list, the prefill GEMM for the matmul stages it takes */
     int pg_on;                           /* G4_CUDA_PGEMM=0 at creation: off (the kernel's own fp_gemm) */
     int pg_wg;                           /* matmul stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
+    int fp_warp;                         /* fast prefill's GEMM input terms a warp per token (G4_CUDA_FPWARP=0: a block) */
+    int pa_kb;                           /* fast prefill's attention (pattn.cu): 0 tensor cores, G4_CUDA_PATTN=32 / 64: CUDA cores */
     std::vector<int> pg_plan;            /* >= 0: ops[i]'s own launch (a matmul: the prefill GEMM; attention:
                                             pattn.cu); < 0: -1 - index into pg_range */
     std::vector<int> pg_range;           /* pairs (first, count) in d_pops */
+    std::vector<int> pg_inb, pg_outb;    /* per plan entry: the input-terms buffer a GEMM reads (0: fp_x, 1:
+                                            fp_x2); the buffer its epilogue (or the attention) also
+                                            writes the next GEMM's terms to, -1: none */
     std::vector<g4c_op> pops;
     g4c_op *d_pops;
     float *pg_part, *pg_up;              /* K segments' partial sums; a gate/up pair's up projection */
+    unsigned short *fp_x2;               /* the second input-terms buffer (pg_outb) */
+    int pg_chain;                        /* pg_outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
     /* drafter */
     const g4_drafter *dr;
     char *dwmem, *damem;
@@ -445,6 +452,7 @@ static void layout_scratch(g4_cuda *c, bump *b) {
         c->fp_ld = (K + 7) & ~7;
         const int tbs = (B + G4C_FP_TB - 1) / G4C_FP_TB;
         c->fp_x = TAKE(b, unsigned short, (size_t)G4C_FP_TERMS * B * c->fp_ld);
+        c->fp_x2 = c->pg_on ? TAKE(b, unsigned short, (size_t)G4C_FP_TERMS * B * c->fp_ld) : NULL;
         c->fp_sx = TAKE(b, float, (size_t)B * (c->fp_ld / 32 + 1));
         c->fp_part = TAKE(b, float, (size_t)G4C_FP_TARGET * tbs * G4C_FP_SLOT);
         c->fp_cnt = TAKE(b, int, (size_t)G4C_FP_MAXBANDS * tbs);
@@ -937,6 +945,8 @@ static int pg_stage(const g4c_op &o) {
 static g4_status pg_build(g4_cuda *c, g4_error *err) {
     c->pg_plan.clear();
     c->pg_range.clear();
+    c->pg_inb.clear();
+    c->pg_outb.clear();
     c->pops.clear();
     cudaFree(c->d_pops);
     cudaFree(c->pg_part);
@@ -950,6 +960,8 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
     auto range = [&](int b, int e, int prep) { /* stages [b, e) */
         if (e <= b) return;
         c->pg_plan.push_back(-1 - (int)(c->pg_range.size() / 2));
+        c->pg_inb.push_back(0);
+        c->pg_outb.push_back(-1);
         c->pg_range.push_back((int)c->pops.size());
         c->pg_range.push_back(e - b);
         for (int j = b; j < e; j++) {
@@ -964,8 +976,23 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
         const g4c_op &o = ops[(size_t)i];
         const int attn = o.kind == G4C_OP_ATTN && g4c_pattn_ok(&o);
         if (!attn && !pg_stage(o)) continue;
-        range(a, i + 1, 1);
+        /* a GEMM whose input is the previous launch's output as it is (o_proj after attention,
+         * down after the gate/up pair, the PLE projection after its gate): that launch writes the
+         * terms (into the buffer the previous GEMM does not read), no launch of the kernel between */
+        const int np = (int)c->pg_plan.size() - 1;
+        int chained = -1;
+        if (!attn && a == i && np >= 0 && c->pg_plan[(size_t)np] == i - 1 && o.in.kind == G4C_IN_PLAIN && !o.in.dbg &&
+            c->fp_x2 && c->pg_chain) {
+            const g4c_op &pv = ops[(size_t)i - 1];
+            const int pv_attn = pv.kind == G4C_OP_ATTN;
+            const float *y = pv_attn ? pv.att : pv.nparts == 1 || pv.epi == G4C_EPI_GELU_PAIR ? pv.part[0].y : NULL;
+            const int ldy = pv_attn ? pv.n_heads * pv.d : pv.part[0].ldy;
+            if (y && y == o.in.x && ldy == o.in.ldx) chained = c->pg_outb[(size_t)np] = pv_attn ? 1 : 1 - c->pg_inb[(size_t)np];
+        }
+        if (chained < 0) range(a, i + 1, 1);
         c->pg_plan.push_back(i);
+        c->pg_inb.push_back(chained < 0 ? 0 : chained);
+        c->pg_outb.push_back(-1);
         a = i + 1;
         if (attn) continue;
         for (int k = 0; k < o.nparts; k++) {
@@ -978,6 +1005,8 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
     if (!a) { /* no stage for it: the kernel's own procedure */
         c->pg_plan.clear();
         c->pg_range.clear();
+        c->pg_inb.clear();
+        c->pg_outb.clear();
         c->pops.clear();
         return G4_OK;
     }
@@ -1087,6 +1116,12 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_on = !(pe && atoi(pe) == 0);
         const char *we = getenv("G4_CUDA_WGMMA");
         c->pg_wg = !(we && atoi(we) == 0);
+        const char *fw = getenv("G4_CUDA_FPWARP");
+        c->fp_warp = !(fw && atoi(fw) == 0);
+        const char *pc = getenv("G4_CUDA_PGCHAIN");
+        c->pg_chain = !(pc && atoi(pc) == 0);
+        const char *pa = getenv("G4_CUDA_PATTN");
+        c->pa_kb = pa && (atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 0;
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
@@ -1230,6 +1265,7 @@ static g4c_params base_params(const g4_cuda *c) {
     p.fp_tokens = c->max_batch;
     p.fp_x = c->fp_x;
     p.fp_sx = c->fp_sx;
+    p.fp_warp = c->fp_warp;
     p.fp_part = c->fp_part;
     p.fp_cnt = c->fp_cnt;
     p.qn = c->qn;
@@ -1286,10 +1322,10 @@ extern "C" g4_status g4_cuda_forward(g4_cuda *c, int pos, const int32_t *tokens,
 }
 
 /* one matrix of a prefill GEMM stage (bf16 or per-channel 4-bit rows, pg_mat_ok): on the wgmma
- * kernel, or with G4_CUDA_WGMMA=0 on the mma.sync one */
-static cudaError_t pg_gemm(g4_cuda *c, size_t ts, int M, const g4c_mat *w, const g4c_pg_epi *e) {
-    if (c->pg_wg) return g4c_pgemm_wg_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
-    return g4c_pgemm_launch(c->fp_x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
+ * kernel, or with G4_CUDA_WGMMA=0 on the mma.sync one; input terms at x */
+static cudaError_t pg_gemm(g4_cuda *c, const unsigned short *x, size_t ts, int M, const g4c_mat *w, const g4c_pg_epi *e) {
+    if (c->pg_wg) return g4c_pgemm_wg_launch(x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
+    return g4c_pgemm_launch(x, ts, c->fp_ld, M, w, e, c->pg_part, c->stream);
 }
 
 /* a fast prefill as pg_build planned it, queued on the session's stream */
@@ -1317,8 +1353,12 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
             continue;
         }
         const g4c_op &o = c->ops[(size_t)i];
+        unsigned short *const bufs[2] = {c->fp_x, c->fp_x2};
+        const unsigned short *xin = bufs[c->pg_inb[j]];
+        unsigned short *xt = c->pg_outb[j] >= 0 ? bufs[c->pg_outb[j]] : NULL;
         if (o.kind == G4C_OP_ATTN) {
-            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream), "launching the prefill attention");
+            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream, c->pa_kb, xt, ts, c->fp_ld),
+               "launching the prefill attention");
             continue;
         }
         g4c_pg_epi e;
@@ -1327,14 +1367,17 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
             e.kind = G4C_PG_STORE;
             e.y = c->pg_up;
             e.ldy = o.part[1].w.rows;
-            CK(pg_gemm(c, ts, M, &o.part[1].w, &e), "launching the prefill GEMM");
+            CK(pg_gemm(c, xin, ts, M, &o.part[1].w, &e), "launching the prefill GEMM");
             e.kind = G4C_PG_GELU_PAIR;
             e.aux = c->pg_up;
             e.ld_aux = o.part[1].w.rows;
             e.y = o.part[0].y;
             e.ldy = o.part[0].ldy;
             e.y2 = o.part[0].y2;
-            CK(pg_gemm(c, ts, M, &o.part[0].w, &e), "launching the prefill GEMM");
+            e.xt = xt;
+            e.xts = ts;
+            e.xld = c->fp_ld;
+            CK(pg_gemm(c, xin, ts, M, &o.part[0].w, &e), "launching the prefill GEMM");
             continue;
         }
         for (int k = 0; k < o.nparts; k++) {
@@ -1344,7 +1387,12 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
             e.y2 = o.part[k].y2;
             e.aux = o.ple;
             e.ld_aux = o.ple_ld;
-            CK(pg_gemm(c, ts, M, &o.part[k].w, &e), "launching the prefill GEMM");
+            if (o.nparts == 1) {
+                e.xt = xt;
+                e.xts = ts;
+                e.xld = c->fp_ld;
+            }
+            CK(pg_gemm(c, xin, ts, M, &o.part[k].w, &e), "launching the prefill GEMM");
         }
     }
     if (ev) CK(cudaEventRecord(ev[c->pg_plan.size()], c->stream), "timing the prefill");

@@ -1,7 +1,7 @@
 /* The fast prefill's kernels on their own, on a GPU: the prefill GEMM (src/cuda/pgemm.cu,
  * g4_cuda_pgemm; bf16 and per-channel 4-bit weights, each in both its variants, the mma.sync
  * kernel and the wgmma one of pgemm_wg.cu) and the prefill attention (src/cuda/pattn.cu,
- * g4_cuda_pattn):
+ * g4_cuda_pattn; the tensor-core kernel and the SIMT one):
  *   check   random inputs of awkward shapes against a double-precision reference (within the f32
  *           accumulation bound), and M-invariance: the same tokens computed in blocks of other
  *           sizes, at other places in the token tiles, give the same bits (each variant against
@@ -9,7 +9,7 @@
  *   bench   (--bench) every matmul shape of an E2B layer at M = 512 and 2048 tokens, per weight
  *           type and variant: time, bf16 product rate, and E2B's matmul time per prompt token
  *           summed over its 35 layers; then E2B's attention layers for such a chunk after 128
- *           tokens.
+ *           tokens, per attention variant.
  * usage: gpu_gemm [--bench]          exit 1 when a check fails */
 #include <math.h>
 #include <stdio.h>
@@ -223,8 +223,15 @@ static int bench(void) {
 /* ---- the prefill attention ---- */
 
 typedef struct {
-    int nH, nkv, d, is_full, window, pos0, M, kb; /* kb: keys per block for 256-wide heads (0: default) */
+    int nH, nkv, d, is_full, window, pos0, M, kb; /* kb: the variant (g4_cuda_pattn: 0 tensor cores, 32 or 64 SIMT) */
 } attn_shape;
+
+/* whether kb = 0 gets the tensor-core kernel for heads d wide (pattn.cu g4c_pattn_launch's rule:
+ * d a multiple of 16 up to 128, of 32 up to 256, of 64 up to 512; else the SIMT kernel) */
+static int attn_tc(int d) { return d % 16 == 0 && (d <= 128 || (d <= 256 ? d % 32 == 0 : d <= 512 && d % 64 == 0)); }
+static const char *attn_variant(int kb, int d) {
+    return kb == 64 ? "SIMT, 64-key blocks" : kb ? "SIMT, 32-key blocks" : attn_tc(d) ? "tensor cores" : "kb 0: SIMT fallback";
+}
 
 /* positions 0 .. pos0 + M - 1: q of the block's tokens, k and v of every position; uniform in
  * [-1, 1] (scores of a 512-wide head spread over ~±20: a sharp softmax) */
@@ -290,13 +297,27 @@ static int check_attn(const attn_shape *a) {
         at += n;
     }
     const int same = !fails && !memcmp(sub, att, sizeof(float) * nq);
-    /* within f32 rounding of the double reference: a score's error is at most ~d·2^-24 (each
-     * |q·k| term <= 1), a weight's relative error that much, an output (|v| <= 1) the same: 4x that */
-    const double bound = 2.4e-7 * d + 1e-6;
+    /* SIMT (all f32): within f32 rounding of the double reference: a score's error is at most
+     * ~d·2^-24 (each |q·k| term <= 1), a weight's relative error that much, an output (|v| <= 1)
+     * the same: 4x that.
+     * Tensor cores (fp16 hi/lo splits, f32 accumulation): x = hi + lo + e with |e| <= 2^-22 |x|
+     * (lo rounded to 11 bits of a term already <= 2^-11 |x|), or |e| <= 2^-25 where lo is an fp16
+     * subnormal; with the dropped lo·lo product (<= 2^-22 |q_e k_e|) a product q_e·k_e is computed
+     * within 3·2^-22 |q_e k_e| + 2^-24 (|q_e| + |k_e|) (the subnormal term rounded up, once per
+     * element). This data is uniform in [-1, 1]: mean |q_e k_e| = 1/4, mean |q_e| + |k_e| = 1, so
+     * summed over the head's d elements as if all of one sign, d·(3·2^-24 + 2^-24); the f32
+     * accumulation adds at most ~d·2^-24 as in the SIMT bound: a score within 5·d·2^-24. An output
+     * (|v| <= 1) moves by at most twice its scores' error (the weights are renormalised:
+     * sum_j w_j (ds_j - sum_i w_i ds_i) v_j): 10·d·2^-24 = 6.0e-7·d. The weights' and values' own
+     * splits (3·2^-22 relative on each product p·v, |o| <= 1) and the weight and sum roundings add
+     * ~2e-6: bound 6e-7·d + 3e-6 (d 256: 1.6e-4, 512: 3.1e-4). Lo terms missing (q or k as plain
+     * fp16: ~2^-12 relative per element) give output errors ~1e-3 at d 256 and 512: far outside. */
+    const int tc = a->kb == 0 && attn_tc(d);
+    const double bound = tc ? 6e-7 * d + 3e-6 : 2.4e-7 * d + 1e-6;
     if (!(worst <= bound) || !same) fails = 1;
-    printf("%s attention %2d heads / %2d KV, d %3d%s, %s, pos %3d + %3d tokens: worst error %.2e (bound %.1e), blocks 1/7/64 %s\n",
-           fails ? "FAIL" : "ok  ", nH, a->nkv, d, a->kb == 64 ? " (64-key blocks)" : "", a->is_full ? "full   " : "sliding", a->pos0,
-           a->M, worst, bound, same ? "bitwise identical" : "DIFFER");
+    printf("%s attention %2d heads / %2d KV, d %3d, %s, pos %3d + %3d tokens (%s): worst error %.2e (bound %.1e), blocks 1/7/64 %s\n",
+           fails ? "FAIL" : "ok  ", nH, a->nkv, d, a->is_full ? "full   " : "sliding", a->pos0, a->M, attn_variant(a->kb, d), worst,
+           bound, same ? "bitwise identical" : "DIFFER");
 done:
     free(q);
     free(k);
@@ -309,39 +330,45 @@ done:
 
 static int bench_attn(void) {
     const int Ms[] = {512, 2048};
+    /* the variants: the tensor cores (the session's) and the SIMT kernel in 32-key blocks, each
+     * over E2B's 28 sliding layers (256-wide heads, window 512) and 7 full ones (512-wide); the SIMT
+     * kernel's 64-key blocks for the sliding layers only, for comparison (no total) */
+    const int kbs[3] = {0, 32, 64};
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int M = Ms[mi];
-        /* E2B: 28 sliding layers (256-wide heads, window 512), 7 full (512-wide); sliding also with
-         * 64-key blocks, for comparison (not counted in the total) */
-        const attn_shape kinds[3] = {{8, 1, 256, 0, 512, 128, M, 0}, {8, 1, 512, 1, 0, 128, M, 0}, {8, 1, 256, 0, 512, 128, M, 64}};
-        const int layers[3] = {28, 7, 0};
-        double total = 0, flops = 0;
         printf("\nE2B attention for %d tokens after 128 (one launch each, mean of 10):\n", M);
-        for (int i = 0; i < 3; i++) {
-            float *q, *k, *v;
-            attn_data(&kinds[i], &q, &k, &v);
-            float *att = malloc(sizeof(float) * (size_t)M * 8 * kinds[i].d);
-            double ms = 0, f = 0;
-            g4_error err = {0};
-            if (g4_cuda_pattn(q, k, v, 128, M, 8, 1, kinds[i].d, kinds[i].is_full, kinds[i].window, kinds[i].kb, att, 10, &ms, &err)) {
-                printf("bench: %s\n", err.message);
-                return 1;
+        for (int vi = 0; vi < 3; vi++) {
+            const int kb = kbs[vi];
+            const attn_shape kinds[2] = {{8, 1, 256, 0, 512, 128, M, kb}, {8, 1, 512, 1, 0, 128, M, kb}};
+            const int layers[2] = {28, 7}, nk = kb == 64 ? 1 : 2;
+            double total = 0, flops = 0;
+            for (int i = 0; i < nk; i++) {
+                float *q, *k, *v;
+                attn_data(&kinds[i], &q, &k, &v);
+                float *att = malloc(sizeof(float) * (size_t)M * 8 * kinds[i].d);
+                double ms = 0, f = 0;
+                g4_error err = {0};
+                if (g4_cuda_pattn(q, k, v, 128, M, 8, 1, kinds[i].d, kinds[i].is_full, kinds[i].window, kb, att, 10, &ms, &err)) {
+                    printf("bench: %s\n", err.message);
+                    return 1;
+                }
+                for (int m = 0; m < M; m++) {
+                    const int pq = 128 + m, keys = kinds[i].is_full || pq < kinds[i].window ? pq + 1 : kinds[i].window;
+                    f += 4.0 * kinds[i].d * 8 * keys;
+                }
+                printf("  %-20s %-8s d %3d: %8.1f us  %6.1f TFLOP/s of scores and sums\n", attn_variant(kb, kinds[i].d),
+                       kinds[i].is_full ? "full" : "sliding", kinds[i].d, ms * 1e3, f / (ms * 1e-3) / 1e12);
+                total += ms * layers[i];
+                flops += f * layers[i];
+                free(q);
+                free(k);
+                free(v);
+                free(att);
             }
-            for (int m = 0; m < M; m++) {
-                const int pq = 128 + m, keys = kinds[i].is_full || pq < kinds[i].window ? pq + 1 : kinds[i].window;
-                f += 4.0 * kinds[i].d * 8 * keys;
-            }
-            printf("  %-8s d %3d, %2d-key blocks: %8.1f us  %6.1f TFLOP/s of scores and sums\n", kinds[i].is_full ? "full" : "sliding",
-                   kinds[i].d, kinds[i].kb ? kinds[i].kb : 32, ms * 1e3, f / (ms * 1e-3) / 1e12);
-            total += ms * layers[i];
-            flops += f * layers[i];
-            free(q);
-            free(k);
-            free(v);
-            free(att);
+            if (nk == 2)
+                printf("  %-20s E2B, all 35 layers' attention for %d tokens: %.2f ms = %.1f us per token, %.1f TFLOP/s\n",
+                       attn_variant(kb, 256), M, total, total * 1e3 / M, flops / (total * 1e-3) / 1e12);
         }
-        printf("  E2B, all 35 layers' attention for %d tokens: %.2f ms = %.1f us per token, %.1f TFLOP/s\n", M, total,
-               total * 1e3 / M, flops / (total * 1e-3) / 1e12);
     }
     return 0;
 }
@@ -379,16 +406,39 @@ int main(int argc, char **argv) {
         fails++;
     } else
         printf("ok   variant 2 refused: %s\n", err.message);
+    /* kb 0: each shape for both variants, the tensor cores (kb 0) and the SIMT kernel (kb 32) */
     const attn_shape as[] = {
-        {8, 1, 256, 0, 512, 130, 300, 0}, /* E2B sliding */
-        {8, 1, 256, 0, 512, 130, 300, 64}, /* the same in 64-key blocks */
-        {8, 1, 512, 1, 0, 130, 300, 0},   /* E2B full */
-        {8, 2, 256, 0, 64, 100, 200, 0},  /* E4B-like heads, a window the block overruns (ring cache) */
-        {32, 16, 256, 0, 100, 37, 150, 0}, /* 31B sliding heads, a window not a multiple of the key block */
-        {4, 2, 16, 0, 8, 0, 70, 0},       /* the fixtures' heads, from position 0 */
-        {16, 1, 128, 1, 0, 5, 33, 0},     /* 16 query heads per KV head */
+        {8, 1, 256, 0, 512, 130, 300, 0},   /* E2B sliding */
+        {8, 1, 256, 0, 512, 130, 300, 64},  /* the same in the SIMT kernel's 64-key blocks */
+        {8, 1, 512, 1, 0, 130, 300, 0},     /* E2B full */
+        {8, 2, 256, 0, 64, 100, 200, 0},    /* E4B-like heads, a window the block overruns (ring cache) */
+        {32, 16, 256, 0, 100, 37, 150, 0},  /* 31B sliding heads, a window not a multiple of the key block */
+        {32, 16, 256, 0, 100, 37, 600, 0},  /* the same over 600 tokens: 64-row tiles (the blocks: 32) */
+        {32, 4, 512, 1, 0, 60, 100, 0},     /* 31B full heads: 512 wide, 8 per KV head, 4 KV heads */
+        {4, 2, 16, 0, 8, 0, 70, 0},         /* the fixtures' heads, from position 0 */
+        {16, 1, 128, 1, 0, 5, 33, 0},       /* 16 query heads per KV head */
+        {6, 2, 48, 0, 24, 5, 45, 0},        /* 3 heads per KV head (a tile of 30 rows), 48 wide: 3 k-steps */
+        {8, 4, 160, 1, 0, 17, 40, 0},       /* 160 wide: two slices of 80 */
+        {4, 1, 36, 1, 0, 3, 40, 0},         /* 36 wide: no tensor-core instantiation (kb 0 falls back) */
     };
-    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) fails += check_attn(&as[i]);
+    for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) {
+        attn_shape s = as[i];
+        if (s.kb) {
+            fails += check_attn(&s);
+            continue;
+        }
+        fails += check_attn(&s);
+        s.kb = 32;
+        fails += check_attn(&s);
+    }
+    {
+        float z8[8] = {0}, a8[8]; /* 1 token, 2 heads of 4 on one KV head */
+        if (g4_cuda_pattn(z8, z8, z8, 0, 1, 2, 1, 4, 1, 0, 16, a8, 0, NULL, &err) != G4_ERR_ARG) {
+            printf("FAIL: attention variant kb = 16 was not refused\n");
+            fails++;
+        } else
+            printf("ok   attention kb = 16 refused: %s\n", err.message);
+    }
     printf("gpu_gemm: %s (%d failures)\n", fails ? "FAIL" : "all passed", fails);
     return fails ? 1 : 0;
 }
