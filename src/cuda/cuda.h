@@ -120,7 +120,8 @@ g4_status g4_cuda_pattn(const float *q, const float *k, const float *v, int pos0
                         int window, int kb, float *att, int reps, double *ms, g4_error *err);
 /* A fast prefill's launches timed (a warm run, then one with events between them; the block's
  * K/V rows are staged as in g4_cuda_prefill), in ms and launches: [0] the persistent kernel's
- * (norms, ropes, PLE, residuals, the matmul stages' input terms, the LM head), [1] the prefill
+ * (norms, ropes, PLE, residuals, the matmul stages' input terms, the LM head) and the input
+ * phases launched on their own (pprep.cu: a GEMM's input terms, attention's norms and ropes), [1] the prefill
  * GEMM's (a stage's matrices and reductions), [2] the prefill attention's. G4_ERR_UNSUPPORTED when
  * the session runs fast prefill as one launch (G4_CUDA_PGEMM=0, or no stage for those kernels). */
 g4_status g4_cuda_prefill_profile(g4_cuda *c, int pos, const int32_t *tokens, int M, double ms[3], int n_launch[3],

@@ -2293,31 +2293,38 @@ DEV void attn_tokens_range(const g4c_op *op, int pos0, int M, int m0, int tq, in
     attn_range(op, pos0 + min(M, m0 + tq) - 1, &lo, &cf, &nch);
     *c_hi = cf + nch - 1;
 }
+/* the launch's queries (into p.qn) and own K/V rows (where op_heads would store them), normed and
+ * roped once, a warp each: the first phase of attn_items_tokens, and pprep.cu's launch of it */
+DEV void attn_prep_rows(const g4c_op *op, const g4c_params &p, int pos0, float *sm) {
+    const int nH = op->n_heads, nkv = op->n_kv, d = op->d, row = nkv * d, warp = threadIdx.x >> 5;
+    const int per = nH + (op->qkv_own ? 2 * nkv : 0);
+    float *buf = sm + (size_t)warp * G4C_MAXD;
+#pragma unroll 1
+    for (int u = blockIdx.x * G4C_WARPS + warp; u < p.M * per; u += gridDim.x * G4C_WARPS) {
+        const int m = u / per, r = u - m * per, pq = pos0 + m;
+        if (r < nH) {
+            const size_t at = (size_t)m * nH * d + (size_t)r * d;
+            warp_norm_rope(op->q + at, p.qn + at, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+        } else {
+            const int g = (r - nH) >> 1;
+            float *kd, *vd;
+            kv_dest(op, p, m, pq, g, &kd, &vd);
+            const float *kr = op->kraw + (size_t)m * row + (size_t)g * d;
+            if (((r - nH) & 1) == 0)
+                warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
+            else
+                warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)g * d, vd, NULL, d, 0, 0, NULL, NULL, 0,
+                               p.eps, buf);
+        }
+    }
+}
+
 DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
     const int nH = op->n_heads, nkv = op->n_kv, d = op->d, group = nH / nkv, row = nkv * d, cap = op->cap_rows;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x, d4 = d / 4;
     const bool pre = op->heads != 0;
     if (pre) { /* the launch's queries and own K/V rows, normed and roped once */
-        const int per = nH + (op->qkv_own ? 2 * nkv : 0);
-        float *buf = sm + (size_t)warp * G4C_MAXD;
-#pragma unroll 1
-        for (int u = blockIdx.x * G4C_WARPS + warp; u < p.M * per; u += gridDim.x * G4C_WARPS) {
-            const int m = u / per, r = u - m * per, pq = pos0 + m;
-            if (r < nH) {
-                const size_t at = (size_t)m * nH * d + (size_t)r * d;
-                warp_norm_rope(op->q + at, p.qn + at, op->q_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
-            } else {
-                const int g = (r - nH) >> 1;
-                float *kd, *vd;
-                kv_dest(op, p, m, pq, g, &kd, &vd);
-                const float *kr = op->kraw + (size_t)m * row + (size_t)g * d;
-                if (((r - nH) & 1) == 0)
-                    warp_norm_rope(kr, kd, op->k_norm, d, 1, op->pairs, op->rope_inv, op->rope_cs, pq, p.eps, buf);
-                else
-                    warp_norm_rope(op->k_eq_v ? kr : op->vraw + (size_t)m * row + (size_t)g * d, vd, NULL, d, 0, 0, NULL, NULL, 0,
-                                   p.eps, buf);
-            }
-        }
+        attn_prep_rows(op, p, pos0, sm);
         if (op->prep_only) return; /* the last stage of this launch: pattn.cu takes the items */
         grid_sync(p.ctl, bar, NULL, NULL);
         extra++;

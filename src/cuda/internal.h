@@ -57,6 +57,7 @@ typedef struct g4c_pg_epi {
                            fp_prep would write them for a plain input (session.cu pg_build) */
     size_t xts;
     int xld;
+    int pdl;            /* launch with programmatic dependent launch (pgemm.cuh pdl_launch) */
 } g4c_pg_epi;
 /* Sets the kernels' shared-memory size (once per process and device, before launches). */
 cudaError_t g4c_pgemm_init(void);
@@ -83,11 +84,21 @@ cudaError_t g4c_pgemm_wg_launch(const unsigned short *x, size_t ts, int ldx, int
  * p.qn or op->q) and own K/V rows are in place: op->att for tokens pos0 .. pos0 + M - 1. */
 cudaError_t g4c_pattn_init(void);
 int g4c_pattn_ok(const g4c_op *op); /* the stage is one it takes */
+/* A fast prefill's input phases as launches of their own (pprep.cu): a matmul stage's input terms
+ * (g4c_pprep_ok: one fp_prep_warp takes) and an attention stage's norms and ropes of its queries
+ * and own K/V rows (g4c_pprep_attn_ok), for p->M tokens at pos0; d_op: the stage on the device,
+ * op: the same on the host. g4c_pprep_init: the kernels' shared-memory sizes (once per process
+ * and device, before launches). */
+cudaError_t g4c_pprep_init(void);
+int g4c_pprep_ok(const g4c_op *op);
+int g4c_pprep_attn_ok(const g4c_op *op);
+cudaError_t g4c_pprep_launch(const g4c_op *d_op, const g4c_op *op, const g4c_params *p, cudaStream_t stream, int pdl);
+cudaError_t g4c_pprep_attn_launch(const g4c_op *d_op, const g4c_op *op, const g4c_params *p, int pos0, cudaStream_t stream, int pdl);
 /* kb: the variant: 0 the tensor-core kernel (the default; the SIMT one with 32-key blocks where it
  * cannot take the head width: d not a multiple of 16, 32 or 64 for heads up to 128, 256, 512), 32
  * the SIMT kernel in 32-key blocks, 64 the SIMT kernel in 64-key blocks for heads 129..256 wide */
 /* xt (not NULL): the outputs also as the next GEMM's input terms (pgemm.cuh pg_terms; term t of
- * token m at xt + t·xts + m·xld) */
+ * token m at xt + t·xts + m·xld); pdl: programmatic dependent launch (pgemm.cuh pdl_launch) */
 cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb = 0,
-                             unsigned short *xt = NULL, size_t xts = 0, int xld = 0);
+                             unsigned short *xt = NULL, size_t xts = 0, int xld = 0, int pdl = 0);
 #endif

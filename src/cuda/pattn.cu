@@ -81,6 +81,7 @@ struct pa_args {
                                 pg_terms), term t of token m at xt + t·xts + m·xld */
     size_t xts;
     int xld;
+    int pdl;                 /* programmatic dependent launch (pgemm.cuh pdl_launch) */
 };
 
 /* att[off + i] = v[i] (i < n), and their input terms when the launch writes them */
@@ -101,6 +102,7 @@ template <int N> __device__ __forceinline__ void pa_store(const pa_args &a, size
  * MINB blocks per SM (2: 128 registers, and the shared memory of two) */
 template <int D, int KB, int MINB>
 __global__ void __launch_bounds__(PA_THREADS, MINB) g4c_pattn_kernel(const pa_args a) {
+    pdl_enter();
     constexpr int NU = KB / 32, NG = D / 128, LK = D + 4;
     extern __shared__ __align__(16) float pa_sm[];
     float *qs = pa_sm, *ks = qs + (size_t)PA_ROWS * D, *vs = ks + (size_t)KB * LK;
@@ -316,6 +318,7 @@ template <int N> DEV void tc_bar(int wr) {
  * multiple of 16·NS, d <= D); WR: warps along the rows (a tile of 16·WR rows). */
 template <int D, int WR>
 __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()) g4c_pattn_tc_kernel(const pa_args a) {
+    pdl_enter();
     constexpr int NS = tc_ns<D>(), T = tc_threads<D, WR>(), KB = TC_KB;
     constexpr int KSM = D / NS / 16; /* k-steps of a slice, at most */
     constexpr int NDM = D / NS / 8;  /* 8-column output tiles of a slice, at most */
@@ -558,13 +561,13 @@ int g4c_pattn_ok(const g4c_op *op) {
 template <int D, int WR> static cudaError_t tc_launch(pa_args a, cudaStream_t stream) {
     a.tq = 16 * WR / a.group;
     const dim3 grid((a.M + a.tq - 1) / a.tq, a.nkv);
-    g4c_pattn_tc_kernel<D, WR><<<grid, tc_threads<D, WR>(), tc_smem<D, WR>(), stream>>>(a);
-    return cudaGetLastError();
+    return pdl_launch(a.pdl, g4c_pattn_tc_kernel<D, WR>, grid, dim3(tc_threads<D, WR>()), tc_smem<D, WR>(), stream, a);
 }
 
 cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb, unsigned short *xt,
-                             size_t xts, int xld) {
+                             size_t xts, int xld, int pdl) {
     pa_args a;
+    a.pdl = pdl;
     a.xt = xt;
     a.xts = xts;
     a.xld = xld;
@@ -597,11 +600,10 @@ cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, 
         if (a.d > 256 && a.d % 64 == 0) return tc_launch<512, 2>(a, stream);
     }
     const dim3 grid((M + a.tq - 1) / a.tq, a.nkv);
-    if (a.d <= 128) g4c_pattn_kernel<128, 32, 2><<<grid, PA_THREADS, pa_smem<128, 32>(), stream>>>(a);
-    else if (a.d <= 256 && kb == 64) g4c_pattn_kernel<256, 64, 1><<<grid, PA_THREADS, pa_smem<256, 64>(), stream>>>(a);
-    else if (a.d <= 256) g4c_pattn_kernel<256, 32, 2><<<grid, PA_THREADS, pa_smem<256, 32>(), stream>>>(a);
-    else g4c_pattn_kernel<512, 32, 1><<<grid, PA_THREADS, pa_smem<512, 32>(), stream>>>(a);
-    return cudaGetLastError();
+    if (a.d <= 128) return pdl_launch(a.pdl, g4c_pattn_kernel<128, 32, 2>, grid, dim3(PA_THREADS), pa_smem<128, 32>(), stream, a);
+    if (a.d <= 256 && kb == 64) return pdl_launch(a.pdl, g4c_pattn_kernel<256, 64, 1>, grid, dim3(PA_THREADS), pa_smem<256, 64>(), stream, a);
+    if (a.d <= 256) return pdl_launch(a.pdl, g4c_pattn_kernel<256, 32, 2>, grid, dim3(PA_THREADS), pa_smem<256, 32>(), stream, a);
+    return pdl_launch(a.pdl, g4c_pattn_kernel<512, 32, 1>, grid, dim3(PA_THREADS), pa_smem<512, 32>(), stream, a);
 }
 
 /* the kernel alone on host arrays (tests/gpu/gpu_gemm): positions < pos0 from a cache of

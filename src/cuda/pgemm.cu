@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
     g4c_pgemm_kernel(const unsigned short *__restrict__ x, size_t ts, int ldx, int M, const char *__restrict__ w, long long rb,
                      int sc_off, int N, int K, const g4c_pg_epi epi, float *__restrict__ part) {
     extern __shared__ __align__(16) unsigned short pg_sm[];
+    pdl_enter();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3, rr = lane & 7;
     /* token tiles fastest: the blocks running at once share a few row tiles' weights through L2 */
     const int n0 = blockIdx.x * PG_BN, r0 = blockIdx.y * PG_BM;
@@ -176,6 +177,7 @@ __global__ void __launch_bounds__(PG_THREADS, 1)
  * is not NULL), then the epilogue */
 static __global__ void g4c_pgemm_reduce(const float *__restrict__ part, int S, int M, int N, const g4c_pg_epi epi,
                                  const char *__restrict__ sc, long long rb) {
+    pdl_enter();
     const size_t n = (size_t)M * N;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = part[i];
@@ -209,18 +211,18 @@ cudaError_t g4c_pgemm_launch(const unsigned short *x, size_t ts, int ldx, int M,
     const bool q4 = w->type == G4C_Q4;
     const dim3 grid((M + PG_BN - 1) / PG_BN, (N + PG_BM - 1) / PG_BM, S);
     const char *wd = (const char *)w->data;
-    if (q4) g4c_pgemm_kernel<G4C_Q4><<<grid, PG_THREADS, PG_SMEM, stream>>>(x, ts, ldx, M, wd, w->row_bytes, w->sc_off, N, K, *epi, part);
-    else g4c_pgemm_kernel<G4C_BF16><<<grid, PG_THREADS, PG_SMEM, stream>>>(x, ts, ldx, M, wd, w->row_bytes, 0, N, K, *epi, part);
+    const cudaError_t e = pdl_launch(epi->pdl, q4 ? g4c_pgemm_kernel<G4C_Q4> : g4c_pgemm_kernel<G4C_BF16>, grid, dim3(PG_THREADS),
+                                     PG_SMEM, stream, x, ts, ldx, M, wd, w->row_bytes, q4 ? w->sc_off : 0, N, K, *epi, part);
+    if (e) return e;
     if (S > 1) return g4c_pgemm_reduce_launch(part, S, M, w, epi, stream);
-    return cudaGetLastError();
+    return cudaSuccess;
 }
 
 cudaError_t g4c_pgemm_reduce_launch(const float *part, int S, int M, const g4c_mat *w, const g4c_pg_epi *epi, cudaStream_t stream) {
     const int N = w->rows;
     const size_t n = ((size_t)M * N + 255) / 256;
-    g4c_pgemm_reduce<<<(int)(n < 4096 ? n : 4096), 256, 0, stream>>>(
-        part, S, M, N, *epi, w->type == G4C_Q4 ? (const char *)w->data + w->sc_off : NULL, w->row_bytes);
-    return cudaGetLastError();
+    return pdl_launch(epi->pdl, g4c_pgemm_reduce, dim3((unsigned)(n < 4096 ? n : 4096)), dim3(256), 0, stream, part, S, M, N, *epi,
+                      w->type == G4C_Q4 ? (const char *)w->data + w->sc_off : NULL, w->row_bytes);
 }
 
 extern "C" g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long long row_bytes, int sc_off, int M,

@@ -5,6 +5,32 @@
 #include "cuda/forward.cuh"
 #include "cuda/internal.h"
 
+/* Programmatic dependent launch (Hopper) for the prefill's own kernels (GEMMs, attention, input
+ * phases): a kernel first lets the next one on the stream start launching (its blocks become
+ * resident as this one's leave) and then waits until the one before it has finished and its writes
+ * are visible, before it reads anything. Every block of every such kernel waits first thing, so no
+ * kernel completes before its predecessor and the stream's order of writes holds transitively;
+ * what is hidden is the launch latency between dependent kernels. Launched without the attribute
+ * (pdl_launch with on = 0, or the persistent kernel before or after), both are no-ops. */
+DEV void pdl_enter() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+template <typename... P, typename... A>
+static inline cudaError_t pdl_launch(int on, void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = on ? 1 : 0;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = s;
+    c.attrs = at;
+    c.numAttrs = 1;
+    return cudaLaunchKernelEx(&c, k, args...);
+}
+
 /* one value's three bf16 terms (split_bf16's operations on one element) at x[i], x[ts + i], x[2ts + i] */
 DEV void pg_terms(unsigned short *x, size_t ts, size_t i, float v) {
     const unsigned h = bf16x2_rn(v, v);

@@ -229,6 +229,7 @@ __global__ void __launch_bounds__(PGW_THREADS, 1)
                         int sc_off, int N, int K, const g4c_pg_epi epi, float *__restrict__ part) {
     using C = pgw_cfg<WT>;
     extern __shared__ __align__(1024) unsigned char pgw_sm[];
+    pdl_enter();
     unsigned char *const sm = pgw_sm + ((1024u - ((unsigned)__cvta_generic_to_shared(pgw_sm) & 1023u)) & 1023u);
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(sm);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
@@ -359,10 +360,12 @@ cudaError_t g4c_pgemm_wg_launch(const unsigned short *x, size_t ts, int ldx, int
     const int N = w->rows, K = w->cols, S = g4c_pgemm_segments(N, K);
     const dim3 grid((M + PGW_BN - 1) / PGW_BN, (N + PGW_BM - 1) / PGW_BM, S);
     auto run = [&](auto kernel, size_t smem, int sc_off) {
-        kernel<<<grid, PGW_THREADS, smem, stream>>>(x, ts, ldx, M, (const char *)w->data, w->row_bytes, sc_off, N, K, *epi, part);
+        return pdl_launch(epi->pdl, kernel, grid, dim3(PGW_THREADS), smem, stream, x, ts, ldx, M, (const char *)w->data, w->row_bytes,
+                          sc_off, N, K, *epi, part);
     };
-    if (w->type == G4C_Q4) run(g4c_pgemm_wg_kernel<G4C_Q4>, pgw_cfg<G4C_Q4>::SMEM, w->sc_off);
-    else run(g4c_pgemm_wg_kernel<G4C_BF16>, pgw_cfg<G4C_BF16>::SMEM, 0);
+    const cudaError_t e = w->type == G4C_Q4 ? run(g4c_pgemm_wg_kernel<G4C_Q4>, pgw_cfg<G4C_Q4>::SMEM, w->sc_off)
+                                            : run(g4c_pgemm_wg_kernel<G4C_BF16>, pgw_cfg<G4C_BF16>::SMEM, 0);
+    if (e) return e;
     if (S > 1) return g4c_pgemm_reduce_launch(part, S, M, w, epi, stream);
-    return cudaGetLastError();
+    return cudaSuccess;
 }

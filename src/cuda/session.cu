@@ -84,6 +84,16 @@ typedef struct {
     int cap, row;
 } dev_kv;
 
+/* one launch (or two) of a fast prefill's chunk (pg_build) */
+typedef struct pg_entry {
+    int stage;        /* >= 0: ops[stage]'s own launch (a matmul: the prefill GEMM; attention: pattn.cu);
+                         < 0: the persistent kernel over pops[first, first + count) */
+    int first, count;
+    int prep;         /* 1: the stage's first phase as a small launch of its own first (pprep.cu) */
+    int inb, outb;    /* the input-terms buffer the GEMM reads (0: fp_x, 1: fp_x2); the buffer its
+                         epilogue (or the attention) also writes the next GEMM's terms to, -1: none */
+} pg_entry;
+
 struct g4_cuda {
     const g4_model *m;
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row, rep;
@@ -127,17 +137,14 @@ struct g4_cuda {
     int pg_wg;                           /* matmul stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
     int fp_warp;                         /* fast prefill's GEMM input terms a warp per token (G4_CUDA_FPWARP=0: a block) */
     int pa_kb;                           /* fast prefill's attention (pattn.cu): 0 tensor cores, G4_CUDA_PATTN=32 / 64: CUDA cores */
-    std::vector<int> pg_plan;            /* >= 0: ops[i]'s own launch (a matmul: the prefill GEMM; attention:
-                                            pattn.cu); < 0: -1 - index into pg_range */
-    std::vector<int> pg_range;           /* pairs (first, count) in d_pops */
-    std::vector<int> pg_inb, pg_outb;    /* per plan entry: the input-terms buffer a GEMM reads (0: fp_x, 1:
-                                            fp_x2); the buffer its epilogue (or the attention) also
-                                            writes the next GEMM's terms to, -1: none */
+    std::vector<pg_entry> pg_plan;       /* the launches of a chunk, in order */
     std::vector<g4c_op> pops;
     g4c_op *d_pops;
     float *pg_part, *pg_up;              /* K segments' partial sums; a gate/up pair's up projection */
-    unsigned short *fp_x2;               /* the second input-terms buffer (pg_outb) */
-    int pg_chain;                        /* pg_outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
+    unsigned short *fp_x2;               /* the second input-terms buffer (pg_entry.outb) */
+    int pg_chain;                        /* pg_entry.outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
+    int pg_prep;                         /* pg_entry.prep in use (G4_CUDA_PGPREP=0: a launch of the persistent kernel) */
+    int pg_pdl;                          /* the prefill's own kernels with programmatic dependent launch (G4_CUDA_PDL=0: off) */
     /* drafter */
     const g4_drafter *dr;
     char *dwmem, *damem;
@@ -939,14 +946,13 @@ static int pg_stage(const g4c_op &o) {
  * launch of the persistent kernel (its own copy of those stages, the L2 prefetch links kept within
  * it) whose last stage runs its first phase only (prep_only: a matmul's input terms; attention's
  * norms and ropes of the queries and own K/V rows); then that stage's own launches; the stages
- * after the last such stage are a final launch. Per output the arithmetic of either kernel does
+ * after the last such stage are a final launch. Where the run is that stage alone, its first
+ * phase is a small launch instead (pprep.cu, the same device code), or none at all when the
+ * stage's input is the previous launch's output as it is (that launch writes the terms). Per output the arithmetic of either kernel does
  * not depend on the launch's token count, so a prompt's logits still do not depend on the chunk
  * size. */
 static g4_status pg_build(g4_cuda *c, g4_error *err) {
     c->pg_plan.clear();
-    c->pg_range.clear();
-    c->pg_inb.clear();
-    c->pg_outb.clear();
     c->pops.clear();
     cudaFree(c->d_pops);
     cudaFree(c->pg_part);
@@ -959,11 +965,8 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
     size_t need_part = 0, need_up = 0;
     auto range = [&](int b, int e, int prep) { /* stages [b, e) */
         if (e <= b) return;
-        c->pg_plan.push_back(-1 - (int)(c->pg_range.size() / 2));
-        c->pg_inb.push_back(0);
-        c->pg_outb.push_back(-1);
-        c->pg_range.push_back((int)c->pops.size());
-        c->pg_range.push_back(e - b);
+        pg_entry r = {-1, (int)c->pops.size(), e - b, 0, 0, -1};
+        c->pg_plan.push_back(r);
         for (int j = b; j < e; j++) {
             g4c_op o = ops[(size_t)j];
             o.pf_next = o.pf_next > j && o.pf_next < e ? o.pf_next - b : -1;
@@ -976,23 +979,26 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
         const g4c_op &o = ops[(size_t)i];
         const int attn = o.kind == G4C_OP_ATTN && g4c_pattn_ok(&o);
         if (!attn && !pg_stage(o)) continue;
+        pg_entry en = {i, 0, 0, 0, 0, -1};
         /* a GEMM whose input is the previous launch's output as it is (o_proj after attention,
          * down after the gate/up pair, the PLE projection after its gate): that launch writes the
          * terms (into the buffer the previous GEMM does not read), no launch of the kernel between */
-        const int np = (int)c->pg_plan.size() - 1;
-        int chained = -1;
-        if (!attn && a == i && np >= 0 && c->pg_plan[(size_t)np] == i - 1 && o.in.kind == G4C_IN_PLAIN && !o.in.dbg &&
-            c->fp_x2 && c->pg_chain) {
-            const g4c_op &pv = ops[(size_t)i - 1];
-            const int pv_attn = pv.kind == G4C_OP_ATTN;
-            const float *y = pv_attn ? pv.att : pv.nparts == 1 || pv.epi == G4C_EPI_GELU_PAIR ? pv.part[0].y : NULL;
-            const int ldy = pv_attn ? pv.n_heads * pv.d : pv.part[0].ldy;
-            if (y && y == o.in.x && ldy == o.in.ldx) chained = c->pg_outb[(size_t)np] = pv_attn ? 1 : 1 - c->pg_inb[(size_t)np];
+        pg_entry *pv = c->pg_plan.empty() ? NULL : &c->pg_plan.back();
+        int chained = 0;
+        if (!attn && a == i && pv && pv->stage == i - 1 && o.in.kind == G4C_IN_PLAIN && !o.in.dbg && c->fp_x2 && c->pg_chain) {
+            const g4c_op &po = ops[(size_t)i - 1];
+            const int pv_attn = po.kind == G4C_OP_ATTN;
+            const float *y = pv_attn ? po.att : po.nparts == 1 || po.epi == G4C_EPI_GELU_PAIR ? po.part[0].y : NULL;
+            const int ldy = pv_attn ? po.n_heads * po.d : po.part[0].ldy;
+            if (y && y == o.in.x && ldy == o.in.ldx) {
+                en.inb = pv->outb = pv_attn ? 1 : 1 - pv->inb;
+                chained = 1;
+            }
         }
-        if (chained < 0) range(a, i + 1, 1);
-        c->pg_plan.push_back(i);
-        c->pg_inb.push_back(chained < 0 ? 0 : chained);
-        c->pg_outb.push_back(-1);
+        /* nothing else since the previous launch: the stage's first phase alone, a small launch */
+        if (!chained && a == i && c->pg_prep && (attn ? g4c_pprep_attn_ok(&o) : g4c_pprep_ok(&o))) en.prep = 1;
+        if (!chained && !en.prep) range(a, i + 1, 1);
+        c->pg_plan.push_back(en);
         a = i + 1;
         if (attn) continue;
         for (int k = 0; k < o.nparts; k++) {
@@ -1004,9 +1010,6 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
     }
     if (!a) { /* no stage for it: the kernel's own procedure */
         c->pg_plan.clear();
-        c->pg_range.clear();
-        c->pg_inb.clear();
-        c->pg_outb.clear();
         c->pops.clear();
         return G4_OK;
     }
@@ -1118,6 +1121,10 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_wg = !(we && atoi(we) == 0);
         const char *fw = getenv("G4_CUDA_FPWARP");
         c->fp_warp = !(fw && atoi(fw) == 0);
+        const char *pd = getenv("G4_CUDA_PDL");
+        c->pg_pdl = !(pd && atoi(pd) == 0);
+        const char *pp = getenv("G4_CUDA_PGPREP");
+        c->pg_prep = !(pp && atoi(pp) == 0);
         const char *pc = getenv("G4_CUDA_PGCHAIN");
         c->pg_chain = !(pc && atoi(pc) == 0);
         const char *pa = getenv("G4_CUDA_PATTN");
@@ -1129,7 +1136,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
             st = g4_cuda_fail(err, e, "sizing the persistent kernel");
             goto fail;
         }
-        if ((e = g4c_pgemm_init()) || (e = g4c_pgemm_wg_init()) || (e = g4c_pattn_init())) {
+        if ((e = g4c_pgemm_init()) || (e = g4c_pgemm_wg_init()) || (e = g4c_pattn_init()) || (e = g4c_pprep_init())) {
             st = g4_cuda_fail(err, e, "sizing the prefill kernels");
             goto fail;
         }
@@ -1336,15 +1343,14 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
     g4_status st = set_tokens(c, pos, tokens, M, err);
     if (st) return st;
     const size_t ts = (size_t)c->max_batch * c->fp_ld;
-    if (ev) CK(cudaEventRecord(ev[0], c->stream), "timing the prefill");
+    int k = 0; /* events recorded */
     for (size_t j = 0; j < c->pg_plan.size(); j++) {
-        if (j && ev) CK(cudaEventRecord(ev[j], c->stream), "timing the prefill");
-        const int i = c->pg_plan[j];
-        if (i < 0) {
-            const int r = -1 - i;
+        const pg_entry &en = c->pg_plan[j];
+        if (ev) CK(cudaEventRecord(ev[k++], c->stream), "timing the prefill");
+        if (en.stage < 0) {
             g4c_params p = base_params(c);
-            p.ops = c->d_pops + c->pg_range[(size_t)2 * r];
-            p.n_ops = c->pg_range[(size_t)2 * r + 1];
+            p.ops = c->d_pops + en.first;
+            p.n_ops = en.count;
             p.M = M;
             p.lm_from = lm_from;
             p.want_logits = want_logits;
@@ -1352,17 +1358,28 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
             CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the prefill");
             continue;
         }
+        const int i = en.stage;
         const g4c_op &o = c->ops[(size_t)i];
+        if (en.prep) {
+            g4c_params p = base_params(c);
+            p.M = M;
+            p.fast = 1;
+            CK(o.kind == G4C_OP_ATTN ? g4c_pprep_attn_launch(c->d_ops + i, &o, &p, pos, c->stream, c->pg_pdl)
+                                     : g4c_pprep_launch(c->d_ops + i, &o, &p, c->stream, c->pg_pdl),
+               "launching a prefill input phase");
+            if (ev) CK(cudaEventRecord(ev[k++], c->stream), "timing the prefill");
+        }
         unsigned short *const bufs[2] = {c->fp_x, c->fp_x2};
-        const unsigned short *xin = bufs[c->pg_inb[j]];
-        unsigned short *xt = c->pg_outb[j] >= 0 ? bufs[c->pg_outb[j]] : NULL;
+        const unsigned short *xin = bufs[en.inb];
+        unsigned short *xt = en.outb >= 0 ? bufs[en.outb] : NULL;
         if (o.kind == G4C_OP_ATTN) {
-            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream, c->pa_kb, xt, ts, c->fp_ld),
+            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream, c->pa_kb, xt, ts, c->fp_ld, c->pg_pdl),
                "launching the prefill attention");
             continue;
         }
         g4c_pg_epi e;
         memset(&e, 0, sizeof e);
+        e.pdl = c->pg_pdl;
         if (o.epi == G4C_EPI_GELU_PAIR) { /* up into the pair buffer, then gate: gelu(gate) · up */
             e.kind = G4C_PG_STORE;
             e.y = c->pg_up;
@@ -1380,11 +1397,11 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
             CK(pg_gemm(c, xin, ts, M, &o.part[0].w, &e), "launching the prefill GEMM");
             continue;
         }
-        for (int k = 0; k < o.nparts; k++) {
+        for (int pi = 0; pi < o.nparts; pi++) {
             e.kind = o.epi == G4C_EPI_PLE_GATE ? G4C_PG_PLE_GATE : G4C_PG_STORE;
-            e.y = o.part[k].y;
-            e.ldy = o.part[k].ldy;
-            e.y2 = o.part[k].y2;
+            e.y = o.part[pi].y;
+            e.ldy = o.part[pi].ldy;
+            e.y2 = o.part[pi].y2;
             e.aux = o.ple;
             e.ld_aux = o.ple_ld;
             if (o.nparts == 1) {
@@ -1392,10 +1409,10 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
                 e.xts = ts;
                 e.xld = c->fp_ld;
             }
-            CK(pg_gemm(c, xin, ts, M, &o.part[k].w, &e), "launching the prefill GEMM");
+            CK(pg_gemm(c, xin, ts, M, &o.part[pi].w, &e), "launching the prefill GEMM");
         }
     }
-    if (ev) CK(cudaEventRecord(ev[c->pg_plan.size()], c->stream), "timing the prefill");
+    if (ev) CK(cudaEventRecord(ev[k], c->stream), "timing the prefill");
     return G4_OK;
 }
 
@@ -1406,7 +1423,12 @@ extern "C" g4_status g4_cuda_prefill_profile(g4_cuda *c, int pos, const int32_t 
         n_launch[k] = 0;
     }
     if (c->pg_plan.empty()) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA prefill profile: this session's prefill is one launch");
-    const size_t n = c->pg_plan.size() + 1;
+    std::vector<int> cls; /* per timed launch: 0 the persistent kernel or an input phase, 1 GEMM, 2 attention */
+    for (const pg_entry &en : c->pg_plan) {
+        if (en.stage >= 0 && en.prep) cls.push_back(0);
+        cls.push_back(en.stage < 0 ? 0 : c->ops[(size_t)en.stage].kind == G4C_OP_ATTN ? 2 : 1);
+    }
+    const size_t n = cls.size() + 1;
     std::vector<cudaEvent_t> ev(n, NULL);
     g4_status st = G4_OK;
     for (size_t i = 0; i < n && !st; i++)
@@ -1417,7 +1439,7 @@ extern "C" g4_status g4_cuda_prefill_profile(g4_cuda *c, int pos, const int32_t 
     for (size_t j = 0; j + 1 < n && !st; j++) {
         float t = 0;
         cudaEventElapsedTime(&t, ev[j], ev[j + 1]);
-        const int i = c->pg_plan[j], k = i < 0 ? 0 : c->ops[(size_t)i].kind == G4C_OP_ATTN ? 2 : 1;
+        const int k = cls[j];
         ms[k] += t;
         n_launch[k]++;
     }

@@ -420,6 +420,8 @@ int main(int argc, char **argv) {
         {6, 2, 48, 0, 24, 5, 45, 0},        /* 3 heads per KV head (a tile of 30 rows), 48 wide: 3 k-steps */
         {8, 4, 160, 1, 0, 17, 40, 0},       /* 160 wide: two slices of 80 */
         {4, 1, 36, 1, 0, 3, 40, 0},         /* 36 wide: no tensor-core instantiation (kb 0 falls back) */
+        {32, 1, 256, 0, 40, 3, 50, 0},      /* 32 heads per KV head: 64-row tiles at any M (2 tokens) */
+        {32, 1, 512, 1, 0, 9, 20, 0},       /* the same 512 wide: 32-row tiles (1 token) */
     };
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) {
         attn_shape s = as[i];
