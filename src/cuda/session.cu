@@ -1070,6 +1070,12 @@ static g4_status alloc_scratch(g4_cuda *c, g4_error *err) {
     return G4_OK;
 }
 
+/* a switch that is on unless the environment sets it to 0 */
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && atoi(v) == 0);
+}
+
 extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch, g4_cuda **out, g4_error *err) {
     *out = NULL;
     g4_status st = g4_cuda_probe(NULL, 0, err);
@@ -1115,18 +1121,15 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->imma = ie && atoi(ie) != 0;
         /* fast prefill: matmul stages as launches of the prefill GEMM (pgemm.cu), unless
          * G4_CUDA_PGEMM=0 (the persistent kernel's own fp_gemm; another reduction order) */
-        const char *pe = getenv("G4_CUDA_PGEMM");
-        c->pg_on = !(pe && atoi(pe) == 0);
-        const char *we = getenv("G4_CUDA_WGMMA");
-        c->pg_wg = !(we && atoi(we) == 0);
-        const char *fw = getenv("G4_CUDA_FPWARP");
-        c->fp_warp = !(fw && atoi(fw) == 0);
-        const char *pd = getenv("G4_CUDA_PDL");
-        c->pg_pdl = !(pd && atoi(pd) == 0);
-        const char *pp = getenv("G4_CUDA_PGPREP");
-        c->pg_prep = !(pp && atoi(pp) == 0);
-        const char *pc = getenv("G4_CUDA_PGCHAIN");
-        c->pg_chain = !(pc && atoi(pc) == 0);
+        c->pg_on = env_on("G4_CUDA_PGEMM");
+        /* and its parts, each on unless set to 0 (for measuring one against its absence): wgmma
+         * GEMMs, input terms a warp per token, programmatic dependent launch, input phases as
+         * launches of their own, terms written by the launch before; the attention's kernel */
+        c->pg_wg = env_on("G4_CUDA_WGMMA");
+        c->fp_warp = env_on("G4_CUDA_FPWARP");
+        c->pg_pdl = env_on("G4_CUDA_PDL");
+        c->pg_prep = env_on("G4_CUDA_PGPREP");
+        c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 0;
     }
