@@ -1473,9 +1473,11 @@ DEVT void mm_tile_mma(const g4c_op *op, const g4c_params &p, int step, float *sm
 /* ---- the prefill procedure: bf16 tensor cores over a prompt's tokens ----------------------------- */
 
 /* Launches of a prompt's tokens (p.fast) run the matmul stages whose weights are bf16 rows (fp_ks >
- * 0) in two phases. First the stage's input rows, built exactly as for the other procedure
- * (load_input: residual, norms, the writes the program needs), go to p.fp_x as three bf16 terms
- * (x = h + m + l, within 2^-26 |x|: split_bf16), one token per block; a grid barrier; then the
+ * 0) in two phases. First the stage's input rows, built with the other procedure's element
+ * operations (residual, norms, the writes the program needs; fp_prep_warp: a warp per token, its
+ * own order for the norms' sums - or load_input's, a block per token, where it does not take the
+ * stage or G4_CUDA_FPWARP=0), go to p.fp_x as three bf16 terms (x = h + m + l, within 2^-26 |x|:
+ * split_bf16); a grid barrier; then the
  * products. A block item is a band of 16-row tiles (two per warp: consecutive tiles of the stage's
  * parts, or a gate/up pair's two), a block of G4C_FP_TB tokens and one of op->fp_ks K segments;
  * the block copies the band's weights and its tokens' activation terms G4C_FP_KS k-steps at a time
