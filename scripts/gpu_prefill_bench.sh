@@ -3,7 +3,8 @@
 # at several chunk sizes and prompt lengths, with the prefill GEMM and attention kernels (the
 # default, "split"), with bf16 GEMMs on mma.sync instead of wgmma ("mma": G4_CUDA_WGMMA=0) and
 # without the split ("persistent": G4_CUDA_PGEMM=0, the persistent kernel's own procedure), with
-# the attention on CUDA cores ("simt-attn": G4_CUDA_PATTN=32), with the GEMMs' input terms built a
+# the attention on CUDA cores ("simt-attn": G4_CUDA_PATTN=32) or on the tensor cores without the
+# four key partitions ("attn-whole": G4_CUDA_PATTN=0), with the GEMMs' input terms built a
 # block per token ("block-prep": G4_CUDA_FPWARP=0), with every GEMM's input terms from a launch of
 # the persistent kernel ("nochain": G4_CUDA_PGCHAIN=0), with the input phases in launches of the
 # persistent kernel instead of their own ("noprep": G4_CUDA_PGPREP=0), without programmatic
@@ -12,7 +13,7 @@
 # chunk's last logits against the decode procedure. One summary line per run. Needs a GPU.
 #   scripts/gpu_prefill_bench.sh [BUILD] [ARCH:STORAGE ...]   (default build, e2b:bf16 e2b:qat-int4 e4b:bf16)
 # Environment: G4_PF_BATCH (chunk sizes, default "128 256 512"), G4_PF_PROMPT (pp lengths, default
-# "512 2048"), G4_PF_MODES (default "split persistent"; also "mma", "simt-attn", "block-prep",
+# "512 2048"), G4_PF_MODES (default "split persistent"; also "mma", "simt-attn", "attn-whole", "block-prep",
 # "nochain", "noprep", "nopdl"), OUT (a folder for the full outputs).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -30,7 +31,7 @@ for cell in "${cells[@]}"; do
       for mode in ${G4_PF_MODES:-split persistent}; do
         case $mode in
           persistent) env=(G4_CUDA_PGEMM=0) ;; mma) env=(G4_CUDA_WGMMA=0) ;;
-          simt-attn) env=(G4_CUDA_PATTN=32) ;; block-prep) env=(G4_CUDA_FPWARP=0) ;; nochain) env=(G4_CUDA_PGCHAIN=0) ;;
+          simt-attn) env=(G4_CUDA_PATTN=32) ;; attn-whole) env=(G4_CUDA_PATTN=0) ;; block-prep) env=(G4_CUDA_FPWARP=0) ;; nochain) env=(G4_CUDA_PGCHAIN=0) ;;
           noprep) env=(G4_CUDA_PGPREP=0) ;; nopdl) env=(G4_CUDA_PDL=0) ;;
           *) env=() ;;
         esac

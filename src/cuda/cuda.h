@@ -112,10 +112,11 @@ g4_status g4_cuda_pgemm(const uint16_t *terms, const void *w, int wtype, long lo
 /* The fast prefill's attention kernel (pattn.cu) alone, for tests and benchmarks: queries q
  * [M][nH·d] of positions pos0 .. pos0 + M - 1, keys and values k, v [pos0 + M][nkv·d] by
  * position (those before pos0 served from a cache as a session keeps it), att [M][nH·d]; reps > 0
- * also times that many launches (mean ms); kb: the variant (0: the session's, the tensor-core
- * kernel - fp16 hi/lo split operands, f32 accumulation - or where d is not a multiple of 16, 32, 64
+ * also times that many launches (mean ms); kb: the variant (0: the tensor-core kernel - fp16
+ * hi/lo split operands, f32 accumulation - or where d is not a multiple of 16, 32, 64
  * for heads up to 128, 256, 512 wide the SIMT kernel; 32: the f32 SIMT kernel in 32-key blocks;
- * 64: the SIMT kernel in 64-key blocks for heads 129..256 wide; others: G4_ERR_ARG). */
+ * 64: the SIMT kernel in 64-key blocks for heads 129..256 wide; 1: the tensor cores over 4 key
+ * partitions, merged in order: the session's; others: G4_ERR_ARG). */
 g4_status g4_cuda_pattn(const float *q, const float *k, const float *v, int pos0, int M, int nH, int nkv, int d, int is_full,
                         int window, int kb, float *att, int reps, double *ms, g4_error *err);
 /* A fast prefill's launches timed (a warm run, then one with events between them; the block's

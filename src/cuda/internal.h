@@ -94,11 +94,20 @@ int g4c_pprep_ok(const g4c_op *op);
 int g4c_pprep_attn_ok(const g4c_op *op);
 cudaError_t g4c_pprep_launch(const g4c_op *d_op, const g4c_op *op, const g4c_params *p, cudaStream_t stream, int pdl);
 cudaError_t g4c_pprep_attn_launch(const g4c_op *d_op, const g4c_op *op, const g4c_params *p, int pos0, cudaStream_t stream, int pdl);
-/* kb: the variant: 0 the tensor-core kernel (the default; the SIMT one with 32-key blocks where it
- * cannot take the head width: d not a multiple of 16, 32 or 64 for heads up to 128, 256, 512), 32
- * the SIMT kernel in 32-key blocks, 64 the SIMT kernel in 64-key blocks for heads 129..256 wide */
+/* kb: the variant: 0 the tensor-core kernel (the SIMT one with 32-key blocks where it
+ * cannot take the head width: d not a multiple of 16, 32 or 64 for heads up to 128, 256, 512), 1
+ * the tensor-core kernel with each row's keys in 4 partitions by absolute key block (more blocks
+ * for short chunks), then a merge launch (its own bits, also independent of the chunk size; the
+ * same fallback as 0), 32 the SIMT kernel in 32-key blocks, 64 the SIMT kernel in 64-key blocks
+ * for heads 129..256 wide */
 /* xt (not NULL): the outputs also as the next GEMM's input terms (pgemm.cuh pg_terms; term t of
- * token m at xt + t·xts + m·xld); pdl: programmatic dependent launch (pgemm.cuh pdl_launch) */
+ * token m at xt + t·xts + m·xld); pdl: programmatic dependent launch (pgemm.cuh pdl_launch);
+ * scratch: kb = 1's partial sums, device memory of scratch_floats floats, 16-byte aligned, at
+ * least g4c_pattn_scratch_floats(op, M) (else cudaErrorInvalidValue where kb = 1 uses it); free
+ * for other use once the launch's work is done (it holds nothing between launches) */
 cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb = 0,
-                             unsigned short *xt = NULL, size_t xts = 0, int xld = 0, int pdl = 0);
+                             unsigned short *xt = NULL, size_t xts = 0, int xld = 0, int pdl = 0, float *scratch = NULL,
+                             size_t scratch_floats = 0);
+/* kb = 1's scratch for launches of up to max_M tokens of the stage: max_M·n_heads·4·(d + 2) floats */
+size_t g4c_pattn_scratch_floats(const g4c_op *op, int max_M);
 #endif

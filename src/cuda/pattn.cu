@@ -5,10 +5,12 @@
  * Why: the persistent kernel's prompt attention (forward.cuh attn_items_tokens) gives every (token,
  * query head) pair a warp and every key a butterfly, so that each value gets the decode
  * procedure's operations; traced on the H200 (E2B bf16, 512-token chunk after 128 tokens) it took
- * 56 ms, a third of the chunk. Two kernels here, the same semantics (softmax(q·k) over the keys a
- * query sees, no extra scale), each with bits of its own:
+ * 56 ms, a third of the chunk. Two kernels here (the first also in key partitions with a merge),
+ * the same semantics (softmax(q·k) over the keys a query sees, no extra scale), each variant with
+ * bits of its own:
  *
- * The tensor-core kernel (g4c_pattn_tc_kernel, kb = 0: the session's). A block owns one KV head
+ * The tensor-core kernel (g4c_pattn_tc_kernel, kb = 0; the session's is kb = 1 below, which runs it
+ * in key partitions - G4_CUDA_PATTN=0 selects this one). A block owns one KV head
  * and a tile of 16·WR query rows (tokens x the group's query heads: row r is token m0 + r / group,
  * head g·group + r % group; WR = 2, or 4 for 256-wide heads when the grid still fills the GPU)
  * and walks the keys in blocks of 16 at absolute positions, flash-style. NS = D / 128 warps share
@@ -23,6 +25,22 @@
  * (4D + 16) bytes, plus 1 KiB a warp for the partial scores when NS > 1 (D 128: 16.5 KiB, 256:
  * 36.5 KiB (40.5 at WR = 4), 512: 72.5 KiB); registers near 255 a thread (the queries' fragments
  * and the outputs are 64 each, a staged key block's share 32), no spills.
+ *
+ * Key partitions (kb = 1; the kernel's PART = TC_PART = 4, then g4c_pattn_merge_kernel): for short
+ * chunks, where kb = 0's tiles do not fill the GPU (E2B, 512 tokens: 4096 query rows on one KV
+ * head, 128 blocks of 32 rows), each row's key blocks are split by ABSOLUTE index: partition j
+ * owns the 16-key blocks kb0 with kb0 / 16 = j mod 4. A block is (KV head, row tile, partition):
+ * PART times the blocks at the same tile height (so 64-row tiles for heads 129..256 wide, d a
+ * multiple of 64: half the staging per product of 32-row ones; kb = 0's shared memory), each walking its partition's blocks of the tile's key
+ * range in increasing order with exactly kb = 0's per-block procedure (the same code: PART = 1
+ * folds every partition term away, kb = 0's instructions are unchanged), and ends by writing each
+ * live row's unnormalised (m_j, l_j, o_j) to scratch (m_j = -inf, l_j = 0, o_j = 0: the row saw
+ * no key in the partition). The merge (a warp per row, lanes over d) takes the non-empty
+ * partitions in the order j = 0..3: m = max m_j, w_j = expf(m_j - m), l = sum l_j·w_j, o = sum
+ * o_j·w_j, att = o / l, stored through pa_store (and the next GEMM's terms) like kb = 0. Scratch:
+ * M·nH·4·(d + 2) floats (g4c_pattn_scratch_floats): o_j at ((m·nH + h)·4 + j)·d, then (m_j, l_j)
+ * at M·nH·4·d + 2((m·nH + h)·4 + j). Its own bits (another order of sums than kb = 0's), within
+ * the same error bound.
  *
  * Precision (tensor cores): every f32 operand x is split into two fp16 terms, hi = f16(x), lo =
  * f16(x - hi) (x - hi is exact in f32), so x = hi + lo to within 2^-22 |x| (2^-25 absolute where lo
@@ -49,8 +67,13 @@
  * key gives exactly 0, and a block in which a row sees no key leaves that row untouched (weights
  * 0, scale exactly 1: o·1 plus zero products is o; a warp none of whose rows sees the block skips
  * it, which is the same). So a token's attention is the same bits in any launch - any M, any tile
- * height, any place in the tile: a prompt's logits do not depend on the chunk size. The sums run
- * in another order than the decode procedure's (rounding only). */
+ * height, any place in the tile: a prompt's logits do not depend on the chunk size. kb = 1 the
+ * same: the partitions are fixed by absolute key position and every row always has 4, so a row's
+ * partial (m_j, l_j, o_j) is the per-block procedure over the blocks of index j mod 4 that meet
+ * its keys, in order (the others leave it untouched, by the argument above; none: exactly the
+ * empty state, which the merge skips), whatever the tile; and the merge is one fixed formula over
+ * j = 0..3 of the row's own values. The sums run in another order than the decode procedure's
+ * (rounding only). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -82,6 +105,7 @@ struct pa_args {
     size_t xts;
     int xld;
     int pdl;                 /* programmatic dependent launch (pgemm.cuh pdl_launch) */
+    float *part;             /* kb = 1: the partitions' partial sums (g4c_pattn_tc_kernel's PART > 1) */
 };
 
 /* att[off + i] = v[i] (i < n), and their input terms when the launch writes them */
@@ -265,7 +289,8 @@ __global__ void __launch_bounds__(PA_THREADS, MINB) g4c_pattn_kernel(const pa_ar
 /* ---- the tensor-core kernel ------------------------------------------------------------------- */
 
 namespace {
-constexpr int TC_KB = 16; /* keys per block (absolute positions kb0 = 16i) */
+constexpr int TC_KB = 16;  /* keys per block (absolute positions kb0 = 16i) */
+constexpr int TC_PART = 4; /* kb = 1: key partitions (key block i in partition i % TC_PART) */
 /* warps sharing a tile's 16 rows, each owning d / NS of the head's elements (128 at most) */
 template <int D> __host__ __device__ constexpr int tc_ns() { return D > 128 ? D / 128 : 1; }
 template <int D, int WR> __host__ __device__ constexpr int tc_threads() { return 32 * tc_ns<D>() * WR; }
@@ -315,8 +340,11 @@ template <int N> DEV void tc_bar(int wr) {
 } // namespace
 
 /* D: the widest head (NS = D / 128 warps per 16 rows, each a slice of ds = d / NS elements: d a
- * multiple of 16·NS, d <= D); WR: warps along the rows (a tile of 16·WR rows). */
-template <int D, int WR>
+ * multiple of 16·NS, d <= D); WR: warps along the rows (a tile of 16·WR rows); PART: key
+ * partitions (1: kb = 0, the whole softmax, att written; TC_PART: kb = 1, block x = PART·tile +
+ * partition, walks the key blocks of index = partition mod PART and writes its rows' partial sums
+ * to a.part for g4c_pattn_merge_kernel). PART = 1 folds every partition term away: kb = 0's code. */
+template <int D, int WR, int PART>
 __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()) g4c_pattn_tc_kernel(const pa_args a) {
     pdl_enter();
     constexpr int NS = tc_ns<D>(), T = tc_threads<D, WR>(), KB = TC_KB;
@@ -333,8 +361,9 @@ __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()
     const int wr = warp / NS, sl = warp % NS; /* the warp's 16 rows, its slice of the head */
     const int ds = d / NS, nks = ds / 16, nd = ds / 8, sb = sl * ds;
     const int gk = blockIdx.y, row = a.nkv * d, group = a.group;
-    /* the tiles with the most keys (the last tokens) first */
-    const int m0 = (gridDim.x - 1 - blockIdx.x) * a.tq, m1 = min(a.M, m0 + a.tq), rows = (m1 - m0) * group;
+    /* the tiles with the most keys (the last tokens) first (PART > 1: a tile's partitions together) */
+    const int part = blockIdx.x % PART, m0 = (gridDim.x / PART - 1 - blockIdx.x / PART) * a.tq, m1 = min(a.M, m0 + a.tq),
+              rows = (m1 - m0) * group;
     const int pq_last = a.pos0 + m1 - 1;
     const int lo_min = a.is_full ? 0 : max(0, a.pos0 + m0 - a.window + 1);
     const int stage_from = a.kst ? a.pos0 : INT_MAX;
@@ -400,13 +429,15 @@ __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()
 #pragma unroll
         for (int e = 0; e < 4; e++) o[jd][e] = 0.0f;
     float4 kr[NCM], vr[NCM];
-    const int kfirst = lo_min / KB * KB;
+    /* the first key block of the partition at or after lo_min's (PART = 1: lo_min's), then every
+     * PART-th (beyond pq_last: no block, the rows' sums stay empty) */
+    const int kfirst = (lo_min / KB + (PART - lo_min / KB % PART + part) % PART) * KB;
     load(kr, a.kst, a.kc, kfirst);
     store(ksm, kr);
     __syncthreads();
 #pragma unroll 1
-    for (int kb0 = kfirst; kb0 <= pq_last; kb0 += KB) {
-        const bool more = kb0 + KB <= pq_last;
+    for (int kb0 = kfirst; kb0 <= pq_last; kb0 += KB * PART) {
+        const bool more = kb0 + KB * PART <= pq_last;
         load(vr, a.vst, a.vc, kb0); /* in flight during the scores */
         /* warp-uniform (and the same for the NS warps of the rows) */
         const bool act = wlive && kb0 <= whi && kb0 + KB - 1 >= wlo;
@@ -504,7 +535,7 @@ __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()
                 }
         }
         store(vsm, vr); /* every warp is done with the previous block's values (the barrier ending it) */
-        if (more) load(kr, a.kst, a.kc, kb0 + KB); /* in flight during the value sums */
+        if (more) load(kr, a.kst, a.kc, kb0 + KB * PART); /* in flight during the value sums */
         __syncthreads(); /* the values are in; every warp is done with the keys */
         if (act) /* the value sums of the slice, per 8 columns Phi·Vhi, Phi·Vlo, Plo·Vhi */
 #pragma unroll
@@ -519,16 +550,71 @@ __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()
         if (more) store(ksm, kr);
         __syncthreads(); /* the next keys are in; every warp is done with the values */
     }
+    if constexpr (PART == 1) {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (!qp[i]) continue;
-        const size_t off = (size_t)(qp[i] - a.q);
+        for (int i = 0; i < 2; i++) {
+            if (!qp[i]) continue;
+            const size_t off = (size_t)(qp[i] - a.q);
 #pragma unroll
-        for (int jd = 0; jd < NDM; jd++) {
-            if (jd >= nd) break;
-            const float v[2] = {o[jd][2 * i] / lrun[i], o[jd][2 * i + 1] / lrun[i]};
-            pa_store(a, off + 8 * jd + 2 * t, v);
+            for (int jd = 0; jd < NDM; jd++) {
+                if (jd >= nd) break;
+                const float v[2] = {o[jd][2 * i] / lrun[i], o[jd][2 * i + 1] / lrun[i]};
+                pa_store(a, off + 8 * jd + 2 * t, v);
+            }
         }
+    } else { /* the unnormalised partial sums, whether or not the row saw a key here (m -inf, l 0, o 0) */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (!qp[i]) continue;
+            const size_t pr = (size_t)((qp[i] - sb - a.q) / d) * PART + part; /* (token·nH + head)·PART + partition */
+            float *po = a.part + pr * d + sb;
+#pragma unroll
+            for (int jd = 0; jd < NDM; jd++) {
+                if (jd >= nd) break;
+                *reinterpret_cast<float2 *>(po + 8 * jd + 2 * t) = make_float2(o[jd][2 * i], o[jd][2 * i + 1]);
+            }
+            if (sl == 0 && t == 0) *reinterpret_cast<float2 *>(a.part + (size_t)a.M * a.nH * PART * d + 2 * pr) = make_float2(mrun[i], lrun[i]);
+        }
+    }
+}
+
+/* kb = 1's second launch: a warp per row (token m, head h), lanes over its elements (d a multiple
+ * of 16): the TC_PART partitions' partial sums (m_j, l_j, o_j) merged in partition order, the
+ * empty ones (m_j = -inf: no key of the row in the partition) skipped: m = max m_j, w_j =
+ * expf(m_j - m), l = sum l_j·w_j, o = sum o_j·w_j, att = o / l; written through pa_store */
+__global__ void __launch_bounds__(256) g4c_pattn_merge_kernel(const pa_args a) {
+    pdl_enter();
+    constexpr int P = TC_PART;
+    const int lane = threadIdx.x & 31, d = a.d;
+    const long long r = (long long)blockIdx.x * 8 + (threadIdx.x >> 5); /* token·nH + head */
+    if (r >= (long long)a.M * a.nH) return;
+    const float4 *ml = reinterpret_cast<const float4 *>(a.part + (size_t)a.M * a.nH * P * d + (size_t)r * 2 * P);
+    const float4 ml0 = __ldcg(ml), ml1 = __ldcg(ml + 1);
+    const float mj[P] = {ml0.x, ml0.z, ml1.x, ml1.z}, lj[P] = {ml0.y, ml0.w, ml1.y, ml1.w};
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < P; j++)
+        if (mj[j] != -INFINITY) m = fmaxf(m, mj[j]);
+    float w[P], l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < P; j++) {
+        w[j] = mj[j] != -INFINITY ? expf(mj[j] - m) : 0.0f;
+        if (mj[j] != -INFINITY) l = l + lj[j] * w[j];
+    }
+    const float *po = a.part + (size_t)r * P * d;
+    for (int c4 = lane; c4 < d / 4; c4 += 32) {
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            if (mj[j] == -INFINITY) continue;
+            const float4 x = __ldcg(reinterpret_cast<const float4 *>(po + (size_t)j * d + 4 * c4));
+            o[0] = o[0] + x.x * w[j];
+            o[1] = o[1] + x.y * w[j];
+            o[2] = o[2] + x.z * w[j];
+            o[3] = o[3] + x.w * w[j];
+        }
+        const float v[4] = {o[0] / l, o[1] / l, o[2] / l, o[3] / l};
+        pa_store(a, (size_t)r * d + 4 * c4, v);
     }
 }
 
@@ -537,18 +623,23 @@ __global__ void __launch_bounds__(tc_threads<D, WR>(), 256 / tc_threads<D, WR>()
 template <int D, int KB, int MINB> static cudaError_t pa_attr() {
     return cudaFuncSetAttribute(g4c_pattn_kernel<D, KB, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pa_smem<D, KB>());
 }
-template <int D, int WR> static cudaError_t tc_attr() {
-    return cudaFuncSetAttribute(g4c_pattn_tc_kernel<D, WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tc_smem<D, WR>());
+template <int D, int WR, int PART> static cudaError_t tc_attr() {
+    return cudaFuncSetAttribute(g4c_pattn_tc_kernel<D, WR, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)tc_smem<D, WR>());
 }
 cudaError_t g4c_pattn_init(void) {
     cudaError_t e = pa_attr<128, 32, 2>();
     if (!e) e = pa_attr<256, 32, 2>();
     if (!e) e = pa_attr<256, 64, 1>();
     if (!e) e = pa_attr<512, 32, 1>();
-    if (!e) e = tc_attr<128, 2>();
-    if (!e) e = tc_attr<256, 2>();
-    if (!e) e = tc_attr<256, 4>();
-    if (!e) e = tc_attr<512, 2>();
+    if (!e) e = tc_attr<128, 2, 1>();
+    if (!e) e = tc_attr<256, 2, 1>();
+    if (!e) e = tc_attr<256, 4, 1>();
+    if (!e) e = tc_attr<512, 2, 1>();
+    if (!e) e = tc_attr<128, 2, TC_PART>();
+    if (!e) e = tc_attr<256, 2, TC_PART>();
+    if (!e) e = tc_attr<256, 4, TC_PART>();
+    if (!e) e = tc_attr<512, 2, TC_PART>();
     return e;
 }
 
@@ -558,16 +649,26 @@ int g4c_pattn_ok(const g4c_op *op) {
     return group <= PA_ROWS && op->d >= 4 && op->d % 4 == 0 && op->d <= 512 && op->cap_rows > 0;
 }
 
-template <int D, int WR> static cudaError_t tc_launch(pa_args a, cudaStream_t stream) {
+size_t g4c_pattn_scratch_floats(const g4c_op *op, int max_M) {
+    return max_M > 0 ? (size_t)max_M * op->n_heads * TC_PART * (op->d + 2) : 0;
+}
+
+/* PART > 1: the partitions' launch, then the merge's */
+template <int D, int WR, int PART> static cudaError_t tc_launch(pa_args a, cudaStream_t stream) {
     a.tq = 16 * WR / a.group;
-    const dim3 grid((a.M + a.tq - 1) / a.tq, a.nkv);
-    return pdl_launch(a.pdl, g4c_pattn_tc_kernel<D, WR>, grid, dim3(tc_threads<D, WR>()), tc_smem<D, WR>(), stream, a);
+    const dim3 grid((a.M + a.tq - 1) / a.tq * PART, a.nkv);
+    cudaError_t e = pdl_launch(a.pdl, g4c_pattn_tc_kernel<D, WR, PART>, grid, dim3(tc_threads<D, WR>()), tc_smem<D, WR>(), stream, a);
+    if constexpr (PART > 1)
+        if (!e)
+            e = pdl_launch(a.pdl, g4c_pattn_merge_kernel, dim3((unsigned)(((long long)a.M * a.nH + 7) / 8)), dim3(256), 0, stream, a);
+    return e;
 }
 
 cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, cudaStream_t stream, int kb, unsigned short *xt,
-                             size_t xts, int xld, int pdl) {
+                             size_t xts, int xld, int pdl, float *scratch, size_t scratch_floats) {
     pa_args a;
     a.pdl = pdl;
+    a.part = NULL;
     a.xt = xt;
     a.xts = xts;
     a.xld = xld;
@@ -591,13 +692,25 @@ cudaError_t g4c_pattn_launch(const g4c_op *op, const float *q, int pos0, int M, 
      * order of a score's sums); the tile height is free (a row's bits do not depend on it): 64 rows
      * (half the staging and L2 traffic per product) when that still gives a wave of an H200's 132 SMs */
     if (kb == 0 && a.d % 16 == 0 && a.group <= 32) {
-        if (a.d <= 128) return tc_launch<128, 2>(a, stream);
+        if (a.d <= 128) return tc_launch<128, 2, 1>(a, stream);
         if (a.d <= 256 && a.d % 32 == 0) {
             const int tq4 = 64 / a.group;
-            if (a.d % 64 == 0 && (long long)((M + tq4 - 1) / tq4) * a.nkv >= 132) return tc_launch<256, 4>(a, stream);
-            return tc_launch<256, 2>(a, stream);
+            if (a.d % 64 == 0 && (long long)((M + tq4 - 1) / tq4) * a.nkv >= 132) return tc_launch<256, 4, 1>(a, stream);
+            return tc_launch<256, 2, 1>(a, stream);
         }
-        if (a.d > 256 && a.d % 64 == 0) return tc_launch<512, 2>(a, stream);
+        if (a.d > 256 && a.d % 64 == 0) return tc_launch<512, 2, 1>(a, stream);
+    }
+    /* kb = 1, the key partitions: kb = 0's shapes (the same slices), by d alone: 64-row tiles for
+     * heads 129..256 wide when d is a multiple of 64 (the staging's 16 threads a key row), else
+     * 32 (128-wide: the fixtures' sizes only; 512-wide: 255 registers at 256 threads already); d
+     * the tensor cores do not take falls back as kb = 0 does (no scratch used) */
+    if (kb == 1 && a.d % 16 == 0 && a.group <= 32 &&
+        (a.d <= 128 || (a.d <= 256 ? a.d % 32 == 0 : a.d % 64 == 0))) {
+        if (!scratch || scratch_floats < g4c_pattn_scratch_floats(op, M) || ((uintptr_t)scratch & 15)) return cudaErrorInvalidValue;
+        a.part = scratch;
+        if (a.d <= 128) return tc_launch<128, 2, TC_PART>(a, stream);
+        if (a.d <= 256) return a.d % 64 == 0 ? tc_launch<256, 4, TC_PART>(a, stream) : tc_launch<256, 2, TC_PART>(a, stream);
+        return tc_launch<512, 2, TC_PART>(a, stream);
     }
     const dim3 grid((M + a.tq - 1) / a.tq, a.nkv);
     if (a.d <= 128) return pdl_launch(a.pdl, g4c_pattn_kernel<128, 32, 2>, grid, dim3(PA_THREADS), pa_smem<128, 32>(), stream, a);
@@ -615,8 +728,9 @@ extern "C" g4_status g4_cuda_pattn(const float *q, const float *k, const float *
         (!is_full && window < 1))
         return g4_fail(err, G4_ERR_ARG, "prefill attention: unsupported shape (M %d, %d heads, %d KV heads, d %d, window %d)", M,
                        nH, nkv, d, window);
-    if (kb != 0 && kb != 32 && kb != 64)
-        return g4_fail(err, G4_ERR_ARG, "prefill attention: no variant kb = %d (0 tensor cores, 32 or 64 SIMT)", kb);
+    if (kb != 0 && kb != 1 && kb != 32 && kb != 64)
+        return g4_fail(err, G4_ERR_ARG,
+                       "prefill attention: no variant kb = %d (0 tensor cores, 1 tensor cores in key partitions, 32 or 64 SIMT)", kb);
     const int row = nkv * d, cap = is_full ? (pos0 > 0 ? pos0 : 1) : window;
     g4c_op op;
     memset(&op, 0, sizeof op);
@@ -627,7 +741,8 @@ extern "C" g4_status g4_cuda_pattn(const float *q, const float *k, const float *
     op.is_full = is_full;
     op.window = window;
     op.cap_rows = cap;
-    float *dq = NULL, *dkc = NULL, *dvc = NULL, *dks = NULL, *dvs = NULL, *da = NULL;
+    float *dq = NULL, *dkc = NULL, *dvc = NULL, *dks = NULL, *dvs = NULL, *da = NULL, *dp = NULL;
+    const size_t np = kb == 1 ? g4c_pattn_scratch_floats(&op, M) : 0; /* kb = 1's partial sums */
     float *hk = (float *)calloc((size_t)cap * row, sizeof(float)), *hv = (float *)calloc((size_t)cap * row, sizeof(float));
     cudaEvent_t ev[2] = {NULL, NULL};
     g4_status st = G4_OK;
@@ -643,6 +758,8 @@ extern "C" g4_status g4_cuda_pattn(const float *q, const float *k, const float *
     if (!e) e = cudaMalloc((void **)&dvc, nc * 4);
     if (!e) e = cudaMalloc((void **)&dks, ns * 4);
     if (!e) e = cudaMalloc((void **)&dvs, ns * 4);
+    if (!e && np) e = cudaMalloc((void **)&dp, np * 4);
+    if (!e && np) e = cudaMemset(dp, 0xff, np * 4); /* NaN: a partial sum never written shows */
     if (!e) e = cudaMemcpy(dq, q, nq * 4, cudaMemcpyHostToDevice);
     if (!e) e = cudaMemcpy(dkc, hk, nc * 4, cudaMemcpyHostToDevice);
     if (!e) e = cudaMemcpy(dvc, hv, nc * 4, cudaMemcpyHostToDevice);
@@ -655,13 +772,13 @@ extern "C" g4_status g4_cuda_pattn(const float *q, const float *k, const float *
     op.vst = dvs;
     op.att = da;
     if (!e) e = g4c_pattn_init();
-    if (!e) e = g4c_pattn_launch(&op, dq, pos0, M, 0, kb);
+    if (!e) e = g4c_pattn_launch(&op, dq, pos0, M, 0, kb, NULL, 0, 0, 0, dp, np);
     if (!e) e = cudaDeviceSynchronize();
     if (!e && reps > 0) {
         e = cudaEventCreate(&ev[0]);
         if (!e) e = cudaEventCreate(&ev[1]);
         if (!e) e = cudaEventRecord(ev[0]);
-        for (int r = 0; !e && r < reps; r++) e = g4c_pattn_launch(&op, dq, pos0, M, 0, kb);
+        for (int r = 0; !e && r < reps; r++) e = g4c_pattn_launch(&op, dq, pos0, M, 0, kb, NULL, 0, 0, 0, dp, np);
         if (!e) e = cudaEventRecord(ev[1]);
         if (!e) e = cudaEventSynchronize(ev[1]);
         float t = 0;
@@ -678,6 +795,7 @@ extern "C" g4_status g4_cuda_pattn(const float *q, const float *k, const float *
     cudaFree(dvc);
     cudaFree(dks);
     cudaFree(dvs);
+    cudaFree(dp);
     free(hk);
     free(hv);
     return st;

@@ -136,11 +136,14 @@ struct g4_cuda {
     int pg_on;                           /* G4_CUDA_PGEMM=0 at creation: off (the kernel's own fp_gemm) */
     int pg_wg;                           /* matmul stages on the wgmma GEMM (pgemm_wg.cu); G4_CUDA_WGMMA=0: mma.sync */
     int fp_warp;                         /* fast prefill's GEMM input terms a warp per token (G4_CUDA_FPWARP=0: a block) */
-    int pa_kb;                           /* fast prefill's attention (pattn.cu): 0 tensor cores, G4_CUDA_PATTN=32 / 64: CUDA cores */
+    int pa_kb;                           /* fast prefill's attention (pattn.cu): 1 tensor cores in 4 key partitions,
+                                            G4_CUDA_PATTN=0: unpartitioned, 32 / 64: CUDA cores */
     std::vector<pg_entry> pg_plan;       /* the launches of a chunk, in order */
     std::vector<g4c_op> pops;
     g4c_op *d_pops;
     float *pg_part, *pg_up;              /* K segments' partial sums; a gate/up pair's up projection */
+    float *pa_scratch;                   /* the key-partitioned prefill attention's partials (pattn.cu, kb 1) */
+    size_t pa_scratch_n;
     unsigned short *fp_x2;               /* the second input-terms buffer (pg_entry.outb) */
     int pg_chain;                        /* pg_entry.outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
     int pg_prep;                         /* pg_entry.prep in use (G4_CUDA_PGPREP=0: a launch of the persistent kernel) */
@@ -957,8 +960,10 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
     cudaFree(c->d_pops);
     cudaFree(c->pg_part);
     cudaFree(c->pg_up);
+    cudaFree(c->pa_scratch);
     c->d_pops = NULL;
-    c->pg_part = c->pg_up = NULL;
+    c->pg_part = c->pg_up = c->pa_scratch = NULL;
+    c->pa_scratch_n = 0;
     if (!c->pg_on) return G4_OK;
     const std::vector<g4c_op> &ops = c->ops;
     const int n = (int)ops.size(), B = c->max_batch;
@@ -1000,7 +1005,11 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
         if (!chained && !en.prep) range(a, i + 1, 1);
         c->pg_plan.push_back(en);
         a = i + 1;
-        if (attn) continue;
+        if (attn) {
+            const size_t ns = c->pa_kb == 1 ? g4c_pattn_scratch_floats(&o, B) : 0;
+            if (ns > c->pa_scratch_n) c->pa_scratch_n = ns;
+            continue;
+        }
         for (int k = 0; k < o.nparts; k++) {
             const g4c_mat &w = o.part[k].w;
             const int S = g4c_pgemm_segments(w.rows, w.cols);
@@ -1019,6 +1028,8 @@ static g4_status pg_build(g4_cuda *c, g4_error *err) {
        "uploading the prefill stage lists");
     if (need_part) CK(cudaMalloc((void **)&c->pg_part, sizeof(float) * need_part), "allocating the prefill GEMM's partial sums");
     if (need_up) CK(cudaMalloc((void **)&c->pg_up, sizeof(float) * need_up), "allocating the prefill GEMM's pair buffer");
+    if (c->pa_scratch_n)
+        CK(cudaMalloc((void **)&c->pa_scratch, sizeof(float) * c->pa_scratch_n), "allocating the prefill attention's partials");
     return G4_OK;
 }
 
@@ -1131,7 +1142,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *pa = getenv("G4_CUDA_PATTN");
-        c->pa_kb = pa && (atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 0;
+        c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
     {
         cudaError_t e = g4c_kernel_shape(0, &c->grid, &c->smem, &c->smem_in);
@@ -1237,6 +1248,7 @@ extern "C" void g4_cuda_free(g4_cuda *c) {
     cudaFree(c->d_pops);
     cudaFree(c->pg_part);
     cudaFree(c->pg_up);
+    cudaFree(c->pa_scratch);
     cudaFree(c->dbg);
     if (c->h_ctl) cudaFreeHost(c->h_ctl);
     if (c->ev0) cudaEventDestroy(c->ev0);
@@ -1376,7 +1388,8 @@ static g4_status launch_prefill_pg(g4_cuda *c, int pos, const int32_t *tokens, i
         const unsigned short *xin = bufs[en.inb];
         unsigned short *xt = en.outb >= 0 ? bufs[en.outb] : NULL;
         if (o.kind == G4C_OP_ATTN) {
-            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream, c->pa_kb, xt, ts, c->fp_ld, c->pg_pdl),
+            CK(g4c_pattn_launch(&o, o.heads ? c->qn : o.q, pos, M, c->stream, c->pa_kb, xt, ts, c->fp_ld, c->pg_pdl,
+                                c->pa_scratch, c->pa_scratch_n),
                "launching the prefill attention");
             continue;
         }

@@ -1,7 +1,7 @@
 /* The fast prefill's kernels on their own, on a GPU: the prefill GEMM (src/cuda/pgemm.cu,
  * g4_cuda_pgemm; bf16 and per-channel 4-bit weights, each in both its variants, the mma.sync
  * kernel and the wgmma one of pgemm_wg.cu) and the prefill attention (src/cuda/pattn.cu,
- * g4_cuda_pattn; the tensor-core kernel and the SIMT one):
+ * g4_cuda_pattn; the tensor-core kernel, whole or in key partitions, and the SIMT one):
  *   check   random inputs of awkward shapes against a double-precision reference (within the f32
  *           accumulation bound), and M-invariance: the same tokens computed in blocks of other
  *           sizes, at other places in the token tiles, give the same bits (each variant against
@@ -223,13 +223,15 @@ static int bench(void) {
 /* ---- the prefill attention ---- */
 
 typedef struct {
-    int nH, nkv, d, is_full, window, pos0, M, kb; /* kb: the variant (g4_cuda_pattn: 0 tensor cores, 32 or 64 SIMT) */
+    int nH, nkv, d, is_full, window, pos0, M, kb; /* kb: the variant (g4_cuda_pattn: 0 tensor cores, 1 tensor cores in
+                                                     4 key partitions and a merge, 32 or 64 SIMT) */
 } attn_shape;
 
-/* whether kb = 0 gets the tensor-core kernel for heads d wide (pattn.cu g4c_pattn_launch's rule:
- * d a multiple of 16 up to 128, of 32 up to 256, of 64 up to 512; else the SIMT kernel) */
+/* whether kb = 0 and kb = 1 get the tensor cores for heads d wide (pattn.cu g4c_pattn_launch's
+ * rule: d a multiple of 16 up to 128, of 32 up to 256, of 64 up to 512; else the SIMT kernel) */
 static int attn_tc(int d) { return d % 16 == 0 && (d <= 128 || (d <= 256 ? d % 32 == 0 : d <= 512 && d % 64 == 0)); }
 static const char *attn_variant(int kb, int d) {
+    if (kb == 1) return attn_tc(d) ? "tc, 4 key partitions" : "kb 1: SIMT fallback";
     return kb == 64 ? "SIMT, 64-key blocks" : kb ? "SIMT, 32-key blocks" : attn_tc(d) ? "tensor cores" : "kb 0: SIMT fallback";
 }
 
@@ -311,11 +313,13 @@ static int check_attn(const attn_shape *a) {
      * sum_j w_j (ds_j - sum_i w_i ds_i) v_j): 10·d·2^-24 = 6.0e-7·d. The weights' and values' own
      * splits (3·2^-22 relative on each product p·v, |o| <= 1) and the weight and sum roundings add
      * ~2e-6: bound 6e-7·d + 3e-6 (d 256: 1.6e-4, 512: 3.1e-4). Lo terms missing (q or k as plain
-     * fp16: ~2^-12 relative per element) give output errors ~1e-3 at d 256 and 512: far outside. */
-    const int tc = a->kb == 0 && attn_tc(d);
+     * fp16: ~2^-12 relative per element) give output errors ~1e-3 at d 256 and 512: far outside.
+     * kb = 1 (the same products in 4 key partitions, merged): the merge's weights expf(m_j - m) and
+     * its sums add a few f32 roundings (~2^-22 relative of outputs <= 1): the same bound. */
+    const int tc = (a->kb == 0 || a->kb == 1) && attn_tc(d);
     const double bound = tc ? 6e-7 * d + 3e-6 : 2.4e-7 * d + 1e-6;
     if (!(worst <= bound) || !same) fails = 1;
-    printf("%s attention %2d heads / %2d KV, d %3d, %s, pos %3d + %3d tokens (%s): worst error %.2e (bound %.1e), blocks 1/7/64 %s\n",
+    printf("%s attention %2d heads / %2d KV, d %3d, %s, pos %3d + %3d tokens (%-20s): worst error %.2e (bound %.1e), blocks 1/7/64 %s\n",
            fails ? "FAIL" : "ok  ", nH, a->nkv, d, a->is_full ? "full   " : "sliding", a->pos0, a->M, attn_variant(a->kb, d), worst,
            bound, same ? "bitwise identical" : "DIFFER");
 done:
@@ -330,14 +334,15 @@ done:
 
 static int bench_attn(void) {
     const int Ms[] = {512, 2048};
-    /* the variants: the tensor cores (the session's) and the SIMT kernel in 32-key blocks, each
+    /* the variants: the tensor cores (the session's), the tensor cores in 4 key partitions (kb 1:
+     * both launches, the partitions' and the merge's) and the SIMT kernel in 32-key blocks, each
      * over E2B's 28 sliding layers (256-wide heads, window 512) and 7 full ones (512-wide); the SIMT
      * kernel's 64-key blocks for the sliding layers only, for comparison (no total) */
-    const int kbs[3] = {0, 32, 64};
+    const int kbs[4] = {0, 1, 32, 64};
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int M = Ms[mi];
         printf("\nE2B attention for %d tokens after 128 (one launch each, mean of 10):\n", M);
-        for (int vi = 0; vi < 3; vi++) {
+        for (int vi = 0; vi < 4; vi++) {
             const int kb = kbs[vi];
             const attn_shape kinds[2] = {{8, 1, 256, 0, 512, 128, M, kb}, {8, 1, 512, 1, 0, 128, M, kb}};
             const int layers[2] = {28, 7}, nk = kb == 64 ? 1 : 2;
@@ -406,7 +411,9 @@ int main(int argc, char **argv) {
         fails++;
     } else
         printf("ok   variant 2 refused: %s\n", err.message);
-    /* kb 0: each shape for both variants, the tensor cores (kb 0) and the SIMT kernel (kb 32) */
+    /* kb 0: each shape for three variants, the tensor cores (kb 0), the tensor cores in key
+     * partitions (kb 1; where d is not one the tensor cores take, the same SIMT fallback as kb 0)
+     * and the SIMT kernel (kb 32) */
     const attn_shape as[] = {
         {8, 1, 256, 0, 512, 130, 300, 0},   /* E2B sliding */
         {8, 1, 256, 0, 512, 130, 300, 64},  /* the same in the SIMT kernel's 64-key blocks */
@@ -429,6 +436,8 @@ int main(int argc, char **argv) {
             fails += check_attn(&s);
             continue;
         }
+        fails += check_attn(&s);
+        s.kb = 1;
         fails += check_attn(&s);
         s.kb = 32;
         fails += check_attn(&s);
