@@ -31,15 +31,13 @@ static inline cudaError_t pdl_launch(int on, void (*k)(P...), dim3 grid, dim3 bl
     return cudaLaunchKernelEx(&c, k, args...);
 }
 
-/* one value's three bf16 terms (split_bf16's operations on one element) at x[i], x[ts + i], x[2ts + i] */
+/* one value's three bf16 terms at x[i], x[ts + i], x[2ts + i]: split_bf16's (the low halves hold v's) */
 DEV void pg_terms(unsigned short *x, size_t ts, size_t i, float v) {
-    const unsigned h = bf16x2_rn(v, v);
-    v = v - __uint_as_float(h << 16);
-    const unsigned md = bf16x2_rn(v, v);
-    v = v - __uint_as_float(md << 16);
+    unsigned h, md, l;
+    split_bf16(v, v, h, md, l);
     x[i] = (unsigned short)h;
     x[ts + i] = (unsigned short)md;
-    x[2 * ts + i] = (unsigned short)bf16x2_rn(v, v);
+    x[2 * ts + i] = (unsigned short)l;
 }
 
 /* One finished output (row r, token m; the row's scale already applied): the stage's epilogue,

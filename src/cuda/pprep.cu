@@ -49,8 +49,7 @@ int g4c_pprep_attn_ok(const g4c_op *op) { return op->kind == G4C_OP_ATTN && op->
 cudaError_t g4c_pprep_launch(const g4c_op *d_op, const g4c_op *op, const g4c_params *p, cudaStream_t stream, int pdl) {
     g4c_params q = *p;
     const size_t smem = pprep_smem(op);
-    q.smem_in_floats = (int)(smem / sizeof(float));
-    if (!q.smem_in_floats) q.smem_in_floats = G4C_WARPS * op->part[0].w.cols; /* plain rows: no shared row, any K */
+    q.smem_in_floats = (int)(smem / sizeof(float)); /* plain rows need none (fp_prep_warp checks normed ones only) */
     return pdl_launch(pdl, g4c_pprep_kernel, dim3((q.M + G4C_WARPS - 1) / G4C_WARPS), dim3(G4C_THREADS), smem, stream, d_op, q);
 }
 
