@@ -27,7 +27,7 @@ GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
 endif
 # the persistent kernel: one object per instantiation (src/cuda/inst/kernel.cu -DG4C_INST=i, i <
 # G4C_N_INST in src/cuda/internal.h), so `make -j` compiles them in parallel (the largest first)
-CU_INST  := $(if $(NVCC),$(foreach i,14 12 10 6 13 9 8 11 3 7 4 5 2 1 0,$(BUILD)/src/cuda/inst/kernel_$(i).o))
+CU_INST  := $(if $(NVCC),$(foreach i,12 10 8 4 11 7 6 9 1 5 2 3 0,$(BUILD)/src/cuda/inst/kernel_$(i).o))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(CU_INST)
 GPU_BIN  := $(GPU_SRC:tests/gpu/%.c=$(BUILD)/tests/gpu/%)
 

@@ -21,10 +21,9 @@ static const struct g4c_kernel_entry {
     {g4c_masks[6], g4c_kernel_fn<g4c_masks[6]>()}, {g4c_masks[7], g4c_kernel_fn<g4c_masks[7]>()},
     {g4c_masks[8], g4c_kernel_fn<g4c_masks[8]>()}, {g4c_masks[9], g4c_kernel_fn<g4c_masks[9]>()},
     {g4c_masks[10], g4c_kernel_fn<g4c_masks[10]>()}, {g4c_masks[11], g4c_kernel_fn<g4c_masks[11]>()},
-    {g4c_masks[12], g4c_kernel_fn<g4c_masks[12]>()}, {g4c_masks[13], g4c_kernel_fn<g4c_masks[13]>()},
-    {g4c_masks[14], g4c_kernel_fn<g4c_masks[14]>()},
+    {g4c_masks[12], g4c_kernel_fn<g4c_masks[12]>()},
 };
-static_assert(G4C_N_INST == 15, "one table entry per instantiation");
+static_assert(G4C_N_INST == 13, "one table entry per instantiation");
 
 cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *smem_in_floats) {
     cudaDeviceProp prop;

@@ -24,13 +24,10 @@ typedef struct g4c_kvlayer {
 cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *smem_in_floats);
 /* The persistent kernel's instantiations (forward.cuh g4c_kernel<mask>), smallest first: a launch
  * takes the first whose mask covers its stages (forward.cu g4c_launch). Each is compiled in its own
- * translation unit (src/cuda/inst/kernel.cu with -DG4C_INST=i), so they build in parallel. The
- * first two carry bf16 rows alone and bf16 with 4-bit rows: the decode steps of bf16 and 4-bit
- * checkpoints then hold no code for f16 and f32 rows (the kernel is one register allocation and
- * one instruction stream: paths a model never takes cost the ones it does). */
-#define G4C_N_INST 15
+ * translation unit (src/cuda/inst/kernel.cu with -DG4C_INST=i), so they build in parallel. */
+#define G4C_N_INST 13
 #define G4C_INST_MASKS                                                                                    \
-    {1u << G4C_BF16, (1u << G4C_BF16) | G4C_KM_Q4, G4C_KM_DENSE, G4C_KM_DENSE | G4C_KM_MMA, G4C_KM_DENSE | G4C_KM_Q4, G4C_KM_DENSE | G4C_KM_Q8, G4C_KM_ALL, \
+    {G4C_KM_DENSE, G4C_KM_DENSE | G4C_KM_MMA, G4C_KM_DENSE | G4C_KM_Q4, G4C_KM_DENSE | G4C_KM_Q8, G4C_KM_ALL, \
      G4C_KM_DENSE | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_WIDE,   \
      G4C_KM_ALL | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ, G4C_KM_ALL | G4C_KM_IQ,                \
      G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ | G4C_KM_WIDE, G4C_KM_ALL | G4C_KM_IQ | G4C_KM_WIDE}
