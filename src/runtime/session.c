@@ -246,6 +246,7 @@ g4_status g4_session_step_ids(g4_session *s, const int32_t *tokens, int M, int c
         return G4_OK;
     }
 #else
+    (void)s;
     (void)tokens;
     (void)M;
     (void)commit;
