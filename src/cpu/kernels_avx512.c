@@ -35,7 +35,7 @@ INLINE float fold16v(__m512 a) {
  * 2-core AVX-512 machine (262144 x 1536 matrices, 2 threads): Q4_0 30.0 -> 31.8 GB/s, Q8_0 31.4 ->
  * 33.1 GB/s against 4 adjacent rows with L2 prefetches 4 KB ahead; a plain read of the same
  * pattern reaches ~35.5 GB/s there, one sequential stream per thread ~32-33. */
-enum { SPLIT_STREAMS = 4, PF_SPLIT = 2048 };
+enum { SPLIT_STREAMS = 4, PF_SPLIT = 2048, SPLIT_BLOCK = 64 * 1024 };
 #ifndef PF_SCALES
 #define PF_SCALES 256
 #endif
@@ -649,16 +649,125 @@ INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, con
     }
 }
 
-INLINE void split_tile(const g4_rows_args *a, const srow *rw, const int R, int m0, const int T, const int bits,
-                       const int add, const int sm) {
+/* Prefetch a super-group's codes (64·bits bytes) PF_SPLIT ahead, and its scales PF_SCALES ahead. */
+INLINE void split_prefetch(const srow *rw, const uint8_t *p, int g, const int bits, const int add, const int sm) {
+#pragma GCC unroll 8
+    for (int c = 0; c < bits; c++) _mm_prefetch((const char *)p + PF_SPLIT + 64 * c, _MM_HINT_T0);
+    if (PF_SCALES > 0 && (sm == SM_F16 || sm == SM_BF16)) _mm_prefetch((const char *)rw->sraw + 32 * (size_t)g + PF_SCALES, _MM_HINT_T0);
+    if (PF_SCALES > 0 && (sm == SM_F16_64 || sm == SM_BF16_64)) {
+        _mm_prefetch((const char *)rw->sraw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
+        if (add) _mm_prefetch((const char *)rw->braw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
+    }
+}
+
+/* Chunk c of a super-group's codes (n blocks: chunk stride 4n bytes). */
+INLINE __m512i split_chunk(const uint8_t *p, int c, int n, __mmask64 bytes) {
+    return n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + 4 * (size_t)n * c);
+}
+
+/* The canonical float step of one (row, token) and super-group: acc += float(P)·(s·dx) (+ xs·b),
+ * lanes of missing blocks untouched (as the scalar loop leaves them). */
+INLINE __m512 split_step(__m512 acc, __m512i P, __m512 sw, __m512 bw, const g4_xprep *xp, size_t f, int n, __mmask16 lanes,
+                         const int add) {
+    __m512 d = _mm512_loadu_ps(xp->dx + f);
+    if (n == 16) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc);
+        if (add) acc = _mm512_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc);
+    } else {
+        acc = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc, lanes);
+        if (add) acc = _mm512_mask3_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc, lanes);
+    }
+    return acc;
+}
+
+/* One token, R rows (M = 1). The integer sums of a (row, super-group) are taken in two (4-bit,
+ * 8-bit) or four (2-bit) chains of dpbusd, walked chunk by chunk with the R rows interleaved, so
+ * 2R (4R) independent chains are in flight in program order: on the AMD Zen 5 core the per-row
+ * order (one row's chains, then the next row's) left the dpbusd unit waiting on its latency.
+ * 4-bit: the second chain takes the high nibbles as 16·code (andnot, no shift), so it holds
+ * exactly 16 times its share and one arithmetic shift restores it; 2-bit: chain j holds 4^j times
+ * its share. All integer and exact: the sum is the same in any order. */
+INLINE void split_tile_rows(const g4_rows_args *a, const srow *rw, const int R, const int bits, const int add, const int sm) {
     const g4_xprep *xp = a->xp;
     const int nb = xp->nb, nsg = xp->nsg;
     const __m512i F = _mm512_set1_epi8(15);
-    __m512 acc[4][8];
+    enum { CH = 4 };
+    __m512 acc[4];
 #pragma GCC unroll 4
-    for (int v = 0; v < R; v++)
+    for (int v = 0; v < R; v++) acc[v] = _mm512_setzero_ps();
+    const int8_t *q0 = g4_xp_q(xp, 0);
+    for (int g = 0; g < nsg; g++) {
+        const int n = nb - 16 * g < 16 ? nb - 16 * g : 16;
+        const __mmask16 lanes = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+        const __mmask64 bytes = n == 16 ? ~0ull : (1ull << (4 * n)) - 1;
+        const int8_t *q = q0 + 512 * (size_t)g;
+        const size_t f = 16 * (size_t)g;
+        const uint8_t *p[4];
+        __m512i P[4][CH];
+#pragma GCC unroll 4
+        for (int v = 0; v < R; v++) {
+            p[v] = rw[v].codes + (size_t)g * 64 * bits;
+            split_prefetch(&rw[v], p[v], g, bits, add, sm);
+            P[v][0] = _mm512_loadu_si512(xp->c0 + f);
+#pragma GCC unroll 4
+            for (int j = 1; j < CH; j++) P[v][j] = _mm512_setzero_si512();
+        }
+        if (bits == 2) {
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++)
+#pragma GCC unroll 4
+                for (int v = 0; v < R; v++) {
+                    __m512i A = split_chunk(p[v], c, n, bytes);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        P[v][j] = _mm512_dpbusd_epi32(P[v][j], _mm512_and_si512(A, _mm512_set1_epi8((char)(3 << (2 * j)))),
+                                                      _mm512_loadu_si512(q + 64 * (4 * c + j)));
+                }
+        } else if (bits == 8) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+#pragma GCC unroll 4
+                for (int v = 0; v < R; v++) {
+                    P[v][0] = _mm512_dpbusd_epi32(P[v][0], split_chunk(p[v], c, n, bytes), _mm512_loadu_si512(q + 64 * c));
+                    P[v][1] = _mm512_dpbusd_epi32(P[v][1], split_chunk(p[v], c + 4, n, bytes), _mm512_loadu_si512(q + 64 * (c + 4)));
+                }
+        } else {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+#pragma GCC unroll 4
+                for (int v = 0; v < R; v++) {
+                    __m512i A = split_chunk(p[v], c, n, bytes);
+                    P[v][0] = _mm512_dpbusd_epi32(P[v][0], _mm512_and_si512(A, F), _mm512_loadu_si512(q + 64 * (2 * c)));
+                    P[v][1] = _mm512_dpbusd_epi32(P[v][1], _mm512_andnot_si512(F, A), _mm512_loadu_si512(q + 64 * (2 * c + 1)));
+                }
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < R; v++) {
+            __m512i S;
+            if (bits == 2)
+                S = _mm512_add_epi32(_mm512_add_epi32(P[v][0], _mm512_srai_epi32(P[v][1], 2)),
+                                     _mm512_add_epi32(_mm512_srai_epi32(P[v][2], 4), _mm512_srai_epi32(P[v][3], 6)));
+            else S = _mm512_add_epi32(P[v][0], bits == 4 ? _mm512_srai_epi32(P[v][1], 4) : P[v][1]);
+            __m512 sw = split_scales(&rw[v], 0, g, lanes, sm);
+            __m512 bw = add ? split_scales(&rw[v], 1, g, lanes, sm) : sw;
+            acc[v] = split_step(acc[v], S, sw, bw, xp, f, n, lanes, add);
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < R; v++) a->y[rw[v].row] = fold16v(acc[v]);
+}
+
+/* One row, T tokens (m0 .. m0+T-1). The row's codes are unpacked once per super-group into their
+ * plain values (0..2^bits − 1, eight vectors), then each token's sum is one chain of eight dpbusd,
+ * the T chains interleaved chunk by chunk (T independent chains in flight in program order). */
+INLINE void split_tile_toks(const g4_rows_args *a, const srow *rw, int m0, const int T, const int bits, const int add,
+                            const int sm) {
+    const g4_xprep *xp = a->xp;
+    const int nb = xp->nb, nsg = xp->nsg;
+    const __m512i F = _mm512_set1_epi8(15), T3 = _mm512_set1_epi8(3);
+    __m512 acc[8];
 #pragma GCC unroll 8
-        for (int u = 0; u < T; u++) acc[v][u] = _mm512_setzero_ps();
+    for (int u = 0; u < T; u++) acc[u] = _mm512_setzero_ps();
     const size_t qstride = (size_t)nsg * 512, fstride = (size_t)nsg * 16;
     const int8_t *q0 = g4_xp_q(xp, m0);
     const size_t f0 = g4_xp_f(xp, m0);
@@ -666,116 +775,57 @@ INLINE void split_tile(const g4_rows_args *a, const srow *rw, const int R, int m
         const int n = nb - 16 * g < 16 ? nb - 16 * g : 16;
         const __mmask16 lanes = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
         const __mmask64 bytes = n == 16 ? ~0ull : (1ull << (4 * n)) - 1;
-        const size_t cs = 4 * (size_t)n; /* chunk stride */
-#pragma GCC unroll 4
-        for (int v = 0; v < R; v++) {
-            const uint8_t *p = rw[v].codes + (size_t)g * 64 * bits;
-            __m512i k[8];
-            if (bits == 2) { /* codes stay in place: 4^j·code for j = 0..3, scaled back below */
-                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
+        const uint8_t *p = rw->codes + (size_t)g * 64 * bits;
+        split_prefetch(rw, p, g, bits, add, sm);
+        __m512i k[8];
+        if (bits == 2) {
 #pragma GCC unroll 2
-                for (int c = 0; c < 2; c++) {
-                    __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
+            for (int c = 0; c < 2; c++) {
+                __m512i A = split_chunk(p, c, n, bytes);
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) k[4 * c + j] = _mm512_and_si512(A, _mm512_set1_epi8((char)(3 << (2 * j))));
-                }
-            } else if (bits == 8) {
-                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 192, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 256, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 320, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 384, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 448, _MM_HINT_T0);
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) k[c] = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
-            } else {
-                _mm_prefetch((const char *)p + PF_SPLIT, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + PF_SPLIT + 192, _MM_HINT_T0);
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) { /* high nibbles stay in place: 16·code, scaled back below */
-                    __m512i A = n == 16 ? _mm512_loadu_si512(p + 64 * c) : _mm512_maskz_loadu_epi8(bytes, p + cs * c);
-                    k[2 * c] = _mm512_and_si512(A, F);
-                    k[2 * c + 1] = _mm512_andnot_si512(F, A);
-                }
+                for (int j = 0; j < 4; j++) k[4 * c + j] = _mm512_and_si512(_mm512_srli_epi16(A, 2 * j), T3);
             }
-            if (PF_SCALES > 0 && (sm == SM_F16 || sm == SM_BF16)) _mm_prefetch((const char *)rw[v].sraw + 32 * (size_t)g + PF_SCALES, _MM_HINT_T0);
-            if (PF_SCALES > 0 && (sm == SM_F16_64 || sm == SM_BF16_64)) {
-                _mm_prefetch((const char *)rw[v].sraw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
-                if (add) _mm_prefetch((const char *)rw[v].braw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
-            }
-            __m512 sw = split_scales(&rw[v], 0, g, lanes, sm);
-            __m512 bw = add ? split_scales(&rw[v], 1, g, lanes, sm) : sw;
+        } else if (bits == 8) {
 #pragma GCC unroll 8
-            for (int u = 0; u < T; u++) {
-                const int8_t *q = q0 + (size_t)u * qstride + 512 * (size_t)g;
-                size_t f = f0 + (size_t)u * fstride + 16 * (size_t)g;
-                /* two dependency chains of four (exact integers: the sum is the same). 4 bits: the
-                 * second chain takes the high nibbles as 16·code, so it holds exactly 16 times its
-                 * share and an arithmetic shift by 4 restores it (one shift instead of one per chunk) */
-                __m512i P = _mm512_loadu_si512(xp->c0 + f), P2 = _mm512_setzero_si512();
-                if (bits == 2) { /* four chains, one per code position j: 4^j times their share */
-                    __m512i P1 = _mm512_setzero_si512(), P3 = _mm512_setzero_si512();
-#pragma GCC unroll 2
-                    for (int c = 0; c < 2; c++) {
-                        P = _mm512_dpbusd_epi32(P, k[4 * c], _mm512_loadu_si512(q + 64 * (4 * c)));
-                        P1 = _mm512_dpbusd_epi32(P1, k[4 * c + 1], _mm512_loadu_si512(q + 64 * (4 * c + 1)));
-                        P2 = _mm512_dpbusd_epi32(P2, k[4 * c + 2], _mm512_loadu_si512(q + 64 * (4 * c + 2)));
-                        P3 = _mm512_dpbusd_epi32(P3, k[4 * c + 3], _mm512_loadu_si512(q + 64 * (4 * c + 3)));
-                    }
-                    P = _mm512_add_epi32(_mm512_add_epi32(P, _mm512_srai_epi32(P1, 2)),
-                                         _mm512_add_epi32(_mm512_srai_epi32(P2, 4), _mm512_srai_epi32(P3, 6)));
-                } else {
+            for (int c = 0; c < 8; c++) k[c] = split_chunk(p, c, n, bytes);
+        } else {
 #pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++) {
-                        int s1 = bits == 4 ? 2 * c : c, s2 = bits == 4 ? 2 * c + 1 : c + 4;
-                        P = _mm512_dpbusd_epi32(P, k[s1], _mm512_loadu_si512(q + 64 * s1));
-                        P2 = _mm512_dpbusd_epi32(P2, k[s2], _mm512_loadu_si512(q + 64 * s2));
-                    }
-                    P = _mm512_add_epi32(P, bits == 4 ? _mm512_srai_epi32(P2, 4) : P2);
-                }
-                __m512 d = _mm512_loadu_ps(xp->dx + f);
-                if (n == 16) {
-                    acc[v][u] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u]);
-                    if (add) acc[v][u] = _mm512_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc[v][u]);
-                } else { /* lanes of missing blocks keep their sums untouched, as the scalar loop does */
-                    acc[v][u] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(sw, d), acc[v][u], lanes);
-                    if (add) acc[v][u] = _mm512_mask3_fmadd_ps(_mm512_loadu_ps(xp->xs + f), bw, acc[v][u], lanes);
-                }
+            for (int c = 0; c < 4; c++) {
+                __m512i A = split_chunk(p, c, n, bytes);
+                k[2 * c] = _mm512_and_si512(A, F);
+                k[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(A, 4), F);
             }
         }
-    }
-#pragma GCC unroll 4
-    for (int v = 0; v < R; v++)
+        __m512 sw = split_scales(rw, 0, g, lanes, sm);
+        __m512 bw = add ? split_scales(rw, 1, g, lanes, sm) : sw;
+        __m512i P[8];
 #pragma GCC unroll 8
-        for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + rw[v].row] = fold16v(acc[v][u]);
+        for (int u = 0; u < T; u++) P[u] = _mm512_loadu_si512(xp->c0 + f0 + (size_t)u * fstride + 16 * (size_t)g);
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++)
+#pragma GCC unroll 8
+            for (int u = 0; u < T; u++)
+                P[u] = _mm512_dpbusd_epi32(P[u], k[s], _mm512_loadu_si512(q0 + (size_t)u * qstride + 512 * (size_t)g + 64 * s));
+#pragma GCC unroll 8
+        for (int u = 0; u < T; u++)
+            acc[u] = split_step(acc[u], P[u], sw, bw, xp, f0 + (size_t)u * fstride + 16 * (size_t)g, n, lanes, add);
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < T; u++) a->y[(size_t)(m0 + u) * a->ldy + rw->row] = fold16v(acc[u]);
 }
 
-/* One token: R rows at once. Several: one row, its codes unpacked once per tile of up to 8 tokens
- * (more rows per tile would only spill accumulators; activations come from L1 either way). */
-INLINE void split_rowset(const g4_rows_args *a, const srow *rw, const int R, const int bits, const int add,
-                         const int sm) {
-    if (a->M == 1) {
-        split_tile(a, rw, R, 0, 1, bits, add, sm);
-        return;
-    }
-    for (int v = 0; v < R; v++) {
-        int m0 = 0;
-        for (; m0 + 8 <= a->M; m0 += 8) split_tile(a, rw + v, 1, m0, 8, bits, add, sm);
-        switch (a->M - m0) {
-        case 7: split_tile(a, rw + v, 1, m0, 7, bits, add, sm); break;
-        case 6: split_tile(a, rw + v, 1, m0, 6, bits, add, sm); break;
-        case 5: split_tile(a, rw + v, 1, m0, 5, bits, add, sm); break;
-        case 4: split_tile(a, rw + v, 1, m0, 4, bits, add, sm); break;
-        case 3: split_tile(a, rw + v, 1, m0, 3, bits, add, sm); break;
-        case 2: split_tile(a, rw + v, 1, m0, 2, bits, add, sm); break;
-        case 1: split_tile(a, rw + v, 1, m0, 1, bits, add, sm); break;
-        default: break;
-        }
+/* One row, T = 1..8 tokens from m0 (T a run-time value, each case its own unrolled loop). */
+INLINE void split_toks(const g4_rows_args *a, const srow *rw, int m0, int T, const int bits, const int add, const int sm) {
+    switch (T) {
+    case 8: split_tile_toks(a, rw, m0, 8, bits, add, sm); break;
+    case 7: split_tile_toks(a, rw, m0, 7, bits, add, sm); break;
+    case 6: split_tile_toks(a, rw, m0, 6, bits, add, sm); break;
+    case 5: split_tile_toks(a, rw, m0, 5, bits, add, sm); break;
+    case 4: split_tile_toks(a, rw, m0, 4, bits, add, sm); break;
+    case 3: split_tile_toks(a, rw, m0, 3, bits, add, sm); break;
+    case 2: split_tile_toks(a, rw, m0, 2, bits, add, sm); break;
+    case 1: split_tile_toks(a, rw, m0, 1, bits, add, sm); break;
+    default: break;
     }
 }
 
@@ -811,7 +861,26 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
     const g4_mat *w = a->w;
     float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
     const int S = SPLIT_STREAMS, q = (r1 - r0) / S;
-    if (a->M == 1 && q > 0) {
+    if (a->M > 1) {
+        /* Several tokens: blocks of rows (about SPLIT_BLOCK bytes of codes, so they stay in L2),
+         * and per block one tile of T tokens at a time over all its rows, so the tile's quantised
+         * activations (T·cols bytes) stay in L1 while the block's rows pass; each row's codes are
+         * unpacked once per tile. */
+        const int T = w->cols <= 2048 ? 8 : 4;
+        int RB = (int)(SPLIT_BLOCK / (w->row_bytes ? w->row_bytes : 1));
+        if (RB < 1) RB = 1;
+        for (int rb = r0; rb < r1; rb += RB) {
+            const int re = r1 - rb < RB ? r1 : rb + RB;
+            for (int m0 = 0; m0 < a->M; m0 += T)
+                for (int r = rb; r < re; r++) {
+                    srow rw;
+                    split_row_setup(w, r, &rw, tmp, sf[0], bf[0], add, sm);
+                    split_toks(a, &rw, m0, a->M - m0 < T ? a->M - m0 : T, bits, add, sm);
+                }
+        }
+        return;
+    }
+    if (q > 0) {
         /* one token: S row streams, far apart, walked in lockstep (row r0 + s·q + i in lane s);
          * the rest (< S rows) below */
         for (int st = 0; st < S; st++) {
@@ -822,7 +891,7 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
         for (int i = 0; i < q; i++) {
             srow rw[SPLIT_STREAMS];
             for (int v = 0; v < S; v++) split_row_setup(w, r0 + v * q + i, &rw[v], tmp, sf[v], bf[v], add, sm);
-            split_rowset(a, rw, SPLIT_STREAMS, bits, add, sm);
+            split_tile_rows(a, rw, SPLIT_STREAMS, bits, add, sm);
         }
         r0 += S * q;
     } else { /* the loop prefetches PF_SPLIT ahead: start the first PF_SPLIT bytes of this range now */
@@ -830,14 +899,13 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
         size_t n = (size_t)(r1 - r0) * w->row_bytes;
         for (size_t o = 0; o < n && o < PF_SPLIT; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
     }
-    int R = a->M == 1 ? 4 : 2;
     for (int r = r0; r < r1;) {
-        int n = r1 - r >= R ? R : 1;
+        int n = r1 - r >= 4 ? 4 : r1 - r >= 2 ? 2 : 1;
         srow rw[4];
         for (int v = 0; v < n; v++) split_row_setup(w, r + v, &rw[v], tmp, sf[v], bf[v], add, sm);
-        if (n == 4) split_rowset(a, rw, 4, bits, add, sm);
-        else if (n == 2) split_rowset(a, rw, 2, bits, add, sm);
-        else split_rowset(a, rw, 1, bits, add, sm);
+        if (n == 4) split_tile_rows(a, rw, 4, bits, add, sm);
+        else if (n == 2) split_tile_rows(a, rw, 2, bits, add, sm);
+        else split_tile_rows(a, rw, 1, bits, add, sm);
         r += n;
     }
 }
