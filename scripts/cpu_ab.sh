@@ -27,7 +27,7 @@ for r in $(seq "$reps"); do
         ctx=$(grep '"row": "context"' <<< "$out" | head -1)
         dec=$(num decode_tok_s <<< "$ctx") gbs=$(num gb_s <<< "$ctx") bw=$(num bw_gb_s <<< "$ctx")
         pre=$(grep '"row": "prefill"' <<< "$out" | num prefill_tok_s || true)
-        share=$(awk -v g="$gbs" -v b="$bw" 'BEGIN { printf "%.1f", b > 0 ? 100 * g / b : 0 }')
+        share=$(awk -v g="$gbs" -v b="$bw" 'BEGIN { printf "%.1f", (b > 0 ? 100 * g / b : 0) }')
         echo "$dec $share ${pre:-0}" >> "$tmp/$i"
         echo "rep $r ${bs[$i]}: decode $dec tok/s ($share% of $bw GB/s), prefill ${pre:--} tok/s"
     done
