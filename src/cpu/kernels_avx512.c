@@ -34,8 +34,16 @@ INLINE float fold16v(__m512 a) {
  * flight while it decodes, and prefetch every stream PF_SPLIT bytes ahead into L1. Measured on the
  * 2-core AVX-512 machine (262144 x 1536 matrices, 2 threads): Q4_0 30.0 -> 31.8 GB/s, Q8_0 31.4 ->
  * 33.1 GB/s against 4 adjacent rows with L2 prefetches 4 KB ahead; a plain read of the same
- * pattern reaches ~35.5 GB/s there, one sequential stream per thread ~32-33. */
-enum { SPLIT_STREAMS = 4, PF_SPLIT = 2048, SPLIT_BLOCK = 64 * 1024 };
+ * pattern reaches ~35.5 GB/s there, one sequential stream per thread ~32-33. Both can be set at
+ * build time (EXTRA_CFLAGS=-DPF_SPLIT=0: no software prefetch of the codes) for A/B runs
+ * (scripts/cpu_ab.sh). SPLIT_BLOCK: bytes of codes per row block at M > 1 (split_rows). */
+#ifndef SPLIT_STREAMS
+#define SPLIT_STREAMS 4
+#endif
+#ifndef PF_SPLIT
+#define PF_SPLIT 2048
+#endif
+enum { SPLIT_BLOCK = 64 * 1024 };
 #ifndef PF_SCALES
 #define PF_SCALES 256
 #endif
@@ -652,7 +660,7 @@ INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, con
 /* Prefetch a super-group's codes (64·bits bytes) PF_SPLIT ahead, and its scales PF_SCALES ahead. */
 INLINE void split_prefetch(const srow *rw, const uint8_t *p, int g, const int bits, const int add, const int sm) {
 #pragma GCC unroll 8
-    for (int c = 0; c < bits; c++) _mm_prefetch((const char *)p + PF_SPLIT + 64 * c, _MM_HINT_T0);
+    for (int c = 0; PF_SPLIT > 0 && c < bits; c++) _mm_prefetch((const char *)p + PF_SPLIT + 64 * c, _MM_HINT_T0);
     if (PF_SCALES > 0 && (sm == SM_F16 || sm == SM_BF16)) _mm_prefetch((const char *)rw->sraw + 32 * (size_t)g + PF_SCALES, _MM_HINT_T0);
     if (PF_SCALES > 0 && (sm == SM_F16_64 || sm == SM_BF16_64)) {
         _mm_prefetch((const char *)rw->sraw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
