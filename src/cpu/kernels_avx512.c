@@ -31,17 +31,28 @@ INLINE float fold16v(__m512 a) {
 
 /* The split loops at M = 1 walk SPLIT_STREAMS rows from far-apart parts of a thread's range in
  * lockstep (one row from each quarter), so each core keeps several independent DRAM streams in
- * flight while it decodes, and prefetch every stream PF_SPLIT bytes ahead into L1. Measured on the
- * 2-core AVX-512 machine (262144 x 1536 matrices, 2 threads): Q4_0 30.0 -> 31.8 GB/s, Q8_0 31.4 ->
- * 33.1 GB/s against 4 adjacent rows with L2 prefetches 4 KB ahead; a plain read of the same
- * pattern reaches ~35.5 GB/s there, one sequential stream per thread ~32-33. Both can be set at
- * build time (EXTRA_CFLAGS=-DPF_SPLIT=0: no software prefetch of the codes) for A/B runs
- * (scripts/cpu_ab.sh). SPLIT_BLOCK: bytes of codes per row block at M > 1 (split_rows). */
+ * flight while it decodes, and prefetch every stream's codes PF_SPLIT_M1 bytes ahead into L1 (and
+ * the first PF_SPLIT_M1 bytes of each stream when a range starts; 0: no code prefetch); the loops
+ * at M > 1 prefetch each row's codes PF_SPLIT bytes ahead. On the earlier 2-core Intel AVX-512
+ * machine 2048 bytes won at M = 1 (262144 x 1536, 2 threads: Q4_0 30.0 -> 31.8 GB/s, Q8_0 31.4 ->
+ * 33.1 against 4 adjacent rows with L2 prefetches 4 KB ahead). On the AMD Zen 5 machine, E2B
+ * decode with the distance switched every 2 tokens inside one process (so the machine's drifting
+ * bandwidth hits each alike; 100-150 tokens each, ctx 128, 2 threads), tok/s at 0 / 1024 / 2048:
+ * Q4_0 30.6 / 31.4 / 30.3, 31.8 / 32.1 / 31.3, 31.9 / 31.9 / 30.6; Q8_0 15.7 / 16.7 / 16.8,
+ * 12.9 / 14.7 / 14.8; QAT mixed 29.6 / 33.8 / 32.8, 30.1 / 33.3 / 33.4. (A matmul alone, each
+ * variant called in turn on the same 800 MB of Q4_0 matrices, had favoured no prefetch at all:
+ * 1536 x 6144 45.6 GB/s at 2048 against 56.3 at 0; inside the forward pass it loses.) Dropping
+ * the M > 1 prefetch cost E2B Q4_0 prefill 8%. All three are build-time settings (e.g.
+ * EXTRA_CFLAGS=-DPF_SPLIT_M1=2048) for A/B runs (scripts/cpu_ab.sh). SPLIT_BLOCK: bytes of codes
+ * per row block at M > 1 (split_rows). */
 #ifndef SPLIT_STREAMS
 #define SPLIT_STREAMS 4
 #endif
 #ifndef PF_SPLIT
 #define PF_SPLIT 2048
+#endif
+#ifndef PF_SPLIT_M1
+#define PF_SPLIT_M1 1024
 #endif
 enum { SPLIT_BLOCK = 64 * 1024 };
 #ifndef PF_SCALES
@@ -657,10 +668,11 @@ INLINE __m512 split_scales(const srow *rw, int bias, int g, __mmask16 lanes, con
     }
 }
 
-/* Prefetch a super-group's codes (64·bits bytes) PF_SPLIT ahead, and its scales PF_SCALES ahead. */
-INLINE void split_prefetch(const srow *rw, const uint8_t *p, int g, const int bits, const int add, const int sm) {
+/* Prefetch a super-group's codes (64·bits bytes) pf bytes ahead (none at 0), and its scales
+ * PF_SCALES ahead. */
+INLINE void split_prefetch(const srow *rw, const uint8_t *p, int g, const int bits, const int add, const int sm, const int pf) {
 #pragma GCC unroll 8
-    for (int c = 0; PF_SPLIT > 0 && c < bits; c++) _mm_prefetch((const char *)p + PF_SPLIT + 64 * c, _MM_HINT_T0);
+    for (int c = 0; pf > 0 && c < bits; c++) _mm_prefetch((const char *)p + pf + 64 * c, _MM_HINT_T0);
     if (PF_SCALES > 0 && (sm == SM_F16 || sm == SM_BF16)) _mm_prefetch((const char *)rw->sraw + 32 * (size_t)g + PF_SCALES, _MM_HINT_T0);
     if (PF_SCALES > 0 && (sm == SM_F16_64 || sm == SM_BF16_64)) {
         _mm_prefetch((const char *)rw->sraw + 16 * (size_t)g + PF_SCALES, _MM_HINT_T0);
@@ -715,7 +727,7 @@ INLINE void split_tile_rows(const g4_rows_args *a, const srow *rw, const int R, 
 #pragma GCC unroll 4
         for (int v = 0; v < R; v++) {
             p[v] = rw[v].codes + (size_t)g * 64 * bits;
-            split_prefetch(&rw[v], p[v], g, bits, add, sm);
+            split_prefetch(&rw[v], p[v], g, bits, add, sm, PF_SPLIT_M1);
             P[v][0] = _mm512_loadu_si512(xp->c0 + f);
 #pragma GCC unroll 4
             for (int j = 1; j < CH; j++) P[v][j] = _mm512_setzero_si512();
@@ -784,7 +796,7 @@ INLINE void split_tile_toks(const g4_rows_args *a, const srow *rw, int m0, const
         const __mmask16 lanes = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
         const __mmask64 bytes = n == 16 ? ~0ull : (1ull << (4 * n)) - 1;
         const uint8_t *p = rw->codes + (size_t)g * 64 * bits;
-        split_prefetch(rw, p, g, bits, add, sm);
+        split_prefetch(rw, p, g, bits, add, sm, PF_SPLIT);
         __m512i k[8];
         if (bits == 2) {
 #pragma GCC unroll 2
@@ -865,6 +877,10 @@ INLINE void split_row_setup(const g4_mat *w, int r, srow *rw, float *tmp, float 
     }
 }
 
+/* Bytes at the start of a new M = 1 stream (n bytes long) prefetched when a range starts:
+ * PF_SPLIT_M1, none at 0. */
+INLINE size_t split_head(size_t n) { return PF_SPLIT_M1 <= 0 ? 0 : n > (size_t)PF_SPLIT_M1 ? (size_t)PF_SPLIT_M1 : n; }
+
 INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, const int add, const int sm) {
     const g4_mat *w = a->w;
     float tmp[MAX_ROW_BLOCKS], sf[4][MAX_ROW_BLOCKS], bf[4][MAX_ROW_BLOCKS];
@@ -896,7 +912,7 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
         for (int st = 0; st < S; st++) {
             const char *p0 = (const char *)w->data + (size_t)(r0 + st * q) * w->row_bytes;
             size_t n = (size_t)q * w->row_bytes;
-            for (size_t o = 0; o < n && o < PF_SPLIT; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
+            for (size_t o = 0; o < split_head(n); o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
         }
         for (int i = 0; i < q; i++) {
             srow rw[SPLIT_STREAMS];
@@ -904,10 +920,10 @@ INLINE void split_rows(const g4_rows_args *a, int r0, int r1, const int bits, co
             split_tile_rows(a, rw, SPLIT_STREAMS, bits, add, sm);
         }
         r0 += S * q;
-    } else { /* the loop prefetches PF_SPLIT ahead: start the first PF_SPLIT bytes of this range now */
+    } else { /* the loop prefetches PF_SPLIT_M1 ahead: start the first PF_SPLIT_M1 bytes of this range now */
         const char *p0 = (const char *)w->data + (size_t)r0 * w->row_bytes;
         size_t n = (size_t)(r1 - r0) * w->row_bytes;
-        for (size_t o = 0; o < n && o < PF_SPLIT; o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
+        for (size_t o = 0; o < split_head(n); o += 64) _mm_prefetch(p0 + o, _MM_HINT_T0);
     }
     for (int r = r0; r < r1;) {
         int n = r1 - r >= 4 ? 4 : r1 - r >= 2 ? 2 : 1;
