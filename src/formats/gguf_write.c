@@ -13,6 +13,7 @@
 #include "cpu/quant.h"
 #include "model/config.h"
 #include "model/gguf_arch.h"
+#include "model/writer_st.h"
 #include "util/error.h"
 
 /* ---- the file writer ------------------------------------------------------------------------ */
@@ -913,8 +914,10 @@ g4_status g4_writer_open_gguf(const char *format, const char *out, const g4_writ
     if (n > 5 && !strcmp(out + n - 5, ".gguf")) {
         snprintf(path, sizeof path, "%s", out);
     } else {
-        if (mkdir(out, 0777) && errno != EEXIST) return g4_fail(err, G4_ERR_IO, "%s: cannot create: %s", out, strerror(errno));
-        snprintf(path, sizeof path, "%s/model.gguf", out);
+        g4_status st = g4_writer_mkdir(out, err); /* with any missing parents, as the other writers */
+        if (st) return st;
+        if (snprintf(path, sizeof path, "%s/model.gguf", out) >= (int)sizeof path)
+            return g4_fail(err, G4_ERR_ARG, "%s: path too long", out);
     }
     return g4_gguf_model_writer_open(path, &o, w, err);
 }

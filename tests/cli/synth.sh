@@ -19,11 +19,12 @@ grep -q '"language_model.model.layers.0.self_attn.q_proj.weight"' <(head -c 2000
   || fail "mlx-vlm tensor names"
 
 # a geometry from a config.json (tests/gpu/kq-mini.json: widths that are multiples of 256), written
-# as K-quants: every matrix really is Q4_K (the narrow fixtures fall back to Q5_0 as llama.cpp does)
-out=$("$G4" synth --config tests/gpu/kq-mini.json --format gguf-q4_k --out "$tmp/kq" \
+# as K-quants: every matrix really is Q4_K (the narrow fixtures fall back to Q5_0 as llama.cpp does);
+# the output folder's missing parents are created
+out=$("$G4" synth --config tests/gpu/kq-mini.json --format gguf-q4_k --out "$tmp/new/kq" \
       --tokenizer-from "$FX/gemma4/dense-mini" --threads 2 --check) || fail "synth --config: $out"
-[[ $out == *"check $tmp/kq: 4 layers, hidden 256"* ]] || fail "synth --config check: $out"
-grep -q "blk.0.ffn_down.weight" "$tmp/kq/model.gguf" || fail "kq gguf tensor names"
+[[ $out == *"check $tmp/new/kq: 4 layers, hidden 256"* ]] || fail "synth --config check: $out"
+grep -q "blk.0.ffn_down.weight" "$tmp/new/kq/model.gguf" || fail "kq gguf tensor names"
 set +e
 out=$("$G4" synth --config tests/gpu/kq-mini.json --layers 2 --format f32 --out "$tmp/x" 2>&1); rc=$?
 [ $rc -eq 2 ] && [[ $out == *"--layers"* ]] || fail "--config with --layers: rc $rc: $out"
