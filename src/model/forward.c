@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cpu/act.h"
@@ -81,10 +82,37 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         size_t row = (size_t)l->n_kv_heads * l->head_dim;
         int cap = l->is_full ? n_ctx : (c->sliding_window < n_ctx ? c->sliding_window : n_ctx);
         s->cache_cap[i] = cap;
-        s->k_cache[i] = zalloc(row * cap * f, &fail);
-        s->v_cache[i] = zalloc(row * cap * f, &fail);
+        s->kv_mem_len += 2 * ((row * cap * f + 63) & ~(size_t)63);
         s->k_stage[i] = zalloc(row * B * f, &fail);
         s->v_stage[i] = zalloc(row * B * f, &fail);
+    }
+    /* The caches in one mapping with huge pages asked for: decode streams every visible K and V
+     * row per token, and in 4 KB pages each page boundary costs a TLB walk and stops the hardware
+     * prefetcher's stream (2-core Zen 5 machine, E2B Q4_0 decode at context 4096, alternating
+     * runs: attention 9.8 / 12.5 -> 8.9 / 8.2 ms per token). Zero-filled like the calloc it
+     * replaces; the 2 MB of slack lets the caches start on a huge-page boundary. */
+    if (!fail && s->kv_mem_len) {
+        const size_t huge = (size_t)2 << 20;
+        s->kv_mem_len += huge;
+        void *mem = mmap(NULL, s->kv_mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) {
+            s->kv_mem_len = 0;
+            fail = 1;
+        } else {
+            s->kv_mem = mem;
+            uint8_t *at = (uint8_t *)(((uintptr_t)mem + huge - 1) & ~(uintptr_t)(huge - 1));
+#ifdef MADV_HUGEPAGE
+            madvise(at, s->kv_mem_len - (size_t)(at - (uint8_t *)mem), MADV_HUGEPAGE);
+#endif
+            for (int i = 0; i < L; i++) {
+                const g4_layer_config *l = &c->layers[i];
+                if (l->kv_source != i) continue;
+                size_t bytes = ((size_t)l->n_kv_heads * l->head_dim * s->cache_cap[i] * f + 63) & ~(size_t)63;
+                s->k_cache[i] = (float *)at;
+                s->v_cache[i] = (float *)(at + bytes);
+                at += 2 * bytes;
+            }
+        }
     }
     int P = c->ple_width;
     s->x = zalloc((size_t)B * H * f, &fail);
@@ -134,11 +162,10 @@ oom:
 void g4_state_free(g4_state *s) {
     if (s->m && s->k_cache)
         for (int i = 0; i < s->m->cfg.n_layers; i++) {
-            free(s->k_cache[i]);
-            free(s->v_cache[i]);
             free(s->k_stage[i]);
             free(s->v_stage[i]);
         }
+    if (s->kv_mem) munmap(s->kv_mem, s->kv_mem_len);
     free(s->k_cache); free(s->v_cache); free(s->k_stage); free(s->v_stage);
     free(s->cache_cap); free(s->layer_rope);
     free(s->x); free(s->a); free(s->t); free(s->ffn); free(s->q); free(s->att); free(s->kv);

@@ -25,7 +25,9 @@ typedef struct g4_state {
     int n_ctx, max_batch, n_threads;
     int pos;                    /* committed positions */
     /* per layer; NULL for KV-shared layers */
-    float **k_cache, **v_cache; /* [cap][nKV·d] */
+    float **k_cache, **v_cache; /* [cap][nKV·d], all in kv_mem */
+    void *kv_mem;               /* one anonymous mapping (huge pages where the kernel gives them) */
+    size_t kv_mem_len;
     int *cache_cap;             /* ring length (sliding) or n_ctx (full) */
     float **k_stage, **v_stage; /* [max_batch][nKV·d] */
     int stage_pos, n_staged;    /* staging holds positions [stage_pos, stage_pos + n_staged) */
