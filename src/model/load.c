@@ -3,11 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "formats/pack.h"
 #include "model/model.h"
+#include "util/mapped_file.h"
 #include "util/error.h"
 
 /* Opens the weight source for a checkpoint directory whose config.json was parsed into cfg.
@@ -101,7 +101,7 @@ void g4_model_free(g4_model *m) {
     g4_config_free(&m->cfg);
     free(m->layers);
     free(m->arena);
-    if (m->repacked) munmap(m->repacked, m->repacked_size);
+    g4_unmap_anon(m->repacked, m->repacked_size);
     free(m->path);
     free(m);
 }

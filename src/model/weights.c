@@ -3,11 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/mman.h>
 
 #include "cpu/kernels_internal.h"
 #include "cpu/quant.h"
 #include "model/model.h"
+#include "util/mapped_file.h"
 #include "util/error.h"
 
 typedef g4_binder binder;
@@ -186,14 +186,11 @@ g4_status g4_model_repack(g4_model *m, size_t max_bytes, g4_error *err) {
         free(mats);
         return G4_OK;
     }
-    void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
+    void *mem = g4_map_anon_huge(total);
+    if (!mem) {
         free(mats);
         return g4_fail(err, G4_ERR_NOMEM, "out of memory repacking %.2f GB of weights", total / 1e9);
     }
-#ifdef MADV_HUGEPAGE
-    madvise(mem, total, MADV_HUGEPAGE);
-#endif
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         size_t sz = g4_mat_repack_size(mats[i]);

@@ -4,10 +4,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "util/error.h"
+#include "util/mapped_file.h"
 #include "util/threadpool.h"
 
 typedef struct {
@@ -109,16 +109,13 @@ g4_status g4_measure_read_bandwidth(int threads, size_t bytes, int passes, doubl
     bytes = (bytes + (size_t)nchunks * 1024 - 1) / ((size_t)nchunks * 1024) * ((size_t)nchunks * 1024);
     /* huge pages where the kernel has them, as the repacked weights the decode streams (with 4 KB
      * pages the same loop reads ~10% slower here: TLB misses, not DRAM) */
-    uint8_t *buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (buf == MAP_FAILED) return g4_fail(err, G4_ERR_NOMEM, "bandwidth: cannot allocate %zu bytes", bytes);
-#ifdef MADV_HUGEPAGE
-    madvise(buf, bytes, MADV_HUGEPAGE);
-#endif
+    uint8_t *buf = g4_map_anon_huge(bytes);
+    if (!buf) return g4_fail(err, G4_ERR_NOMEM, "bandwidth: cannot allocate %zu bytes", bytes);
     memset(buf, 1, bytes); /* fault every page in before timing */
     g4_threadpool *pool;
     g4_status st = g4_threadpool_create(threads, &pool, err);
     if (st) {
-        munmap(buf, bytes);
+        g4_unmap_anon(buf, bytes);
         return st;
     }
     __builtin_cpu_init();
@@ -132,7 +129,7 @@ g4_status g4_measure_read_bandwidth(int threads, size_t bytes, int passes, doubl
         if (dt > 0 && bytes / dt > best) best = (double)bytes / dt;
     }
     g4_threadpool_free(pool);
-    munmap(buf, bytes);
+    g4_unmap_anon(buf, bytes);
     *gbs = best * 1e-9;
     return j.sink[0] == 12345 ? G4_OK : G4_OK; /* sink read so the stores count as used */
 }

@@ -11,6 +11,25 @@
 
 #include "util/error.h"
 
+void *g4_map_anon_huge(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (!bytes || bytes > SIZE_MAX - huge) return NULL;
+    uint8_t *base = mmap(NULL, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    /* keep the 2 MB-aligned `bytes` of the slightly larger mapping, unmap the rest */
+    uint8_t *at = (uint8_t *)(((uintptr_t)base + huge - 1) & ~(uintptr_t)(huge - 1));
+    if (at > base) munmap(base, (size_t)(at - base));
+    if (base + huge > at) munmap(at + bytes, (size_t)(base + huge - at));
+#ifdef MADV_HUGEPAGE
+    madvise(at, bytes, MADV_HUGEPAGE);
+#endif
+    return at;
+}
+
+void g4_unmap_anon(void *p, size_t bytes) {
+    if (p) munmap(p, bytes);
+}
+
 g4_status g4_mapped_file_open(g4_mapped_file *f, const char *path, g4_error *err) {
     f->data = NULL;
     f->size = 0;
