@@ -24,6 +24,7 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -fmad=false -We
 CFLAGS   += -DG4_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
+GPU_PROTO:= $(BUILD)/bench/gpu_lean_decode
 endif
 # the persistent kernel: one object per instantiation (src/cuda/inst/kernel.cu -DG4C_INST=i, i <
 # G4C_N_INST in src/cuda/internal.h), so `make -j` compiles them in parallel (the largest first)
@@ -42,7 +43,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN:= $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-all: $(BUILD)/g4 $(TEST_BIN) $(BENCH_BIN) $(GPU_BIN)
+all: $(BUILD)/g4 $(TEST_BIN) $(BENCH_BIN) $(GPU_BIN) $(GPU_PROTO)
 
 $(BUILD)/libg4.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
@@ -70,6 +71,12 @@ $(BUILD)/%.o: %.cu
 $(CU_INST): $(BUILD)/src/cuda/inst/kernel_%.o: src/cuda/inst/kernel.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -DG4C_INST=$* -MMD -MP -MF $(@:.o=.d) -c -o $@ $<
+
+# the lean decode prototype: standalone CUDA (no engine code), built so that CI keeps it compiling;
+# scripts/gpu_lean.sh builds and runs it on a GPU machine
+$(BUILD)/bench/gpu_lean_decode: bench/gpu_lean_decode.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $<
 
 # GPU tests (tests/gpu/, run by scripts/gpu_suite.sh on a machine with a GPU; never by `make test`)
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(BUILD)/libg4.a

@@ -5,6 +5,7 @@
 
 #include "g4.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "test_util.h"
 
 static const char *models[] = {"e2b-mini", "e4b-mini", "moe-mini", "dense-mini", "unified-mini"};
@@ -184,6 +185,64 @@ static void la_cb(void *user, const char *name, int layer, int pos, const float 
     memcpy(dst + ((size_t)layer * LA_N + pos) * w, data, sizeof(float) * (size_t)n);
 }
 
+/* Wide query-head groups: 16 query heads per KV head (as 12B's full layers; E2B has 8). Attention
+ * items take 4 or 8 of them depending on the thread count and the number of 256-key chunks, and
+ * the prompt runs past two chunks; the logits stay bitwise the same for any chunking and thread
+ * count. */
+static const char wide_json[] =
+    "{\"architectures\": [\"Gemma4ForCausalLM\"], \"model_type\": \"gemma4_text\", \"attention_k_eq_v\": false,"
+    " \"bos_token_id\": 2, \"eos_token_id\": 1, \"pad_token_id\": 0, \"dtype\": \"float32\","
+    " \"final_logit_softcapping\": 30.0, \"head_dim\": 32, \"hidden_activation\": \"gelu_pytorch_tanh\","
+    " \"hidden_size\": 128, \"hidden_size_per_layer_input\": 0, \"intermediate_size\": 256,"
+    " \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\"],"
+    " \"max_position_embeddings\": 4096, \"num_attention_heads\": 16, \"num_hidden_layers\": 3,"
+    " \"num_key_value_heads\": 1, \"num_kv_shared_layers\": 0, \"rms_norm_eps\": 1e-06,"
+    " \"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0,"
+    " \"rope_type\": \"proportional\"}, \"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}},"
+    " \"sliding_window\": 300, \"tie_word_embeddings\": true, \"vocab_size\": 512, \"enable_moe_block\": false,"
+    " \"use_double_wide_mlp\": false}";
+
+static float *run_tokens(g4_model *m, const int32_t *tok, int n, int chunk, int threads) {
+    g4_session *s = NULL;
+    g4_error err = {0};
+    assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = n + 8, .n_threads = threads, .max_batch = 64}, &s, &err),
+                     G4_OK);
+    const int V = m->cfg.vocab;
+    float *lg = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i += chunk) {
+        const int k = n - i < chunk ? n - i : chunk;
+        if (g4_session_forward(s, tok + i, k, G4_LOGITS_ALL, lg + (size_t)i * V, &err)) fail_msg("%s", err.message);
+    }
+    g4_session_free(s);
+    return lg;
+}
+
+static void test_wide_groups(void **state) {
+    (void)state;
+    g4_model *m = NULL;
+    g4_error err = {0};
+    g4_synth_options o = {.seed = 11, .n_threads = 1};
+    if (g4_model_synth(wide_json, &o, "f32", &m, &err)) fail_msg("%s", err.message);
+    assert_int_equal(m->cfg.n_heads / m->cfg.layers[2].n_kv_heads, 16);
+    enum { N = 600 };
+    int32_t tok[N];
+    uint32_t x = 99;
+    for (int i = 0; i < N; i++) {
+        x = x * 1664525u + 1013904223u;
+        tok[i] = 3 + (int32_t)((x >> 8) % 509u);
+    }
+    float *base = run_tokens(m, tok, N, 64, 1);
+    const int runs[][2] = {{1, 2}, {1, 3}, {4, 2}, {7, 3}, {64, 2}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        float *lg = run_tokens(m, tok, N, runs[r][0], runs[r][1]);
+        if (memcmp(lg, base, sizeof(float) * (size_t)N * m->cfg.vocab))
+            fail_msg("chunk %d, %d threads: logits differ", runs[r][0], runs[r][1]);
+        free(lg);
+    }
+    free(base);
+    g4_model_free(m);
+}
+
 static void test_long_attention(void **state) {
     (void)state;
     const char *names[] = {"e2b-mini", "dense-mini"};
@@ -260,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_two_engines),
         cmocka_unit_test(test_long_attention),
+        cmocka_unit_test(test_wide_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -78,8 +78,8 @@ void g4_fake_quant_isa(g4_isa isa, float *y, const float *x, size_t n, float sc)
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);
 void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t stride, int nk, int d);
-/* g4_avsum for nh <= 4 heads over the same V rows (head h: y + h·ystride, p + h·pstride), bitwise nh
- * calls of it, each V row read once */
+/* g4_avsum for nh heads over the same V rows (head h: y + h·ystride, p + h·pstride), bitwise nh
+ * calls of it; each V row is read once per run of 4 heads */
 void g4_avsum_heads_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
                         size_t stride, int nk, int d);
 #endif
