@@ -200,9 +200,11 @@ __device__ static float block_sum(float v, float *red) {
 
 /* ---------------------------------------------------------------- stage pieces */
 
+/* Activations written by other blocks earlier in the same launch are read around L1 (which is not
+ * coherent between SMs): ld.global.cg. */
 __device__ static inline float src_at(const Stage &s, int k) {
     float v = 0.0f;
-    for (int g = 0; g < s.src_S; g++) v += s.src[(size_t)g * s.src_N + k];
+    for (int g = 0; g < s.src_S; g++) v += __ldcg(s.src + (size_t)g * s.src_N + k);
     return v;
 }
 
@@ -224,14 +226,14 @@ __device__ static void build_input(const Stage &s, float *xs, float *red, Ctl *c
         for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = src_at(s, k);
         break;
     case IN_GELUMUL:
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = gelu(src_at(s, k)) * s.mul[k];
+        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = gelu(src_at(s, k)) * __ldcg(s.mul + k);
         break;
     case IN_GELU:
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
             float g = 0.0f, u = 0.0f;
             for (int q = 0; q < s.src_S; q++) {
-                g += s.src[(size_t)q * s.src_N + 2 * k];
-                u += s.src[(size_t)q * s.src_N + 2 * k + 1];
+                g += __ldcg(s.src + (size_t)q * s.src_N + 2 * k);
+                u += __ldcg(s.src + (size_t)q * s.src_N + 2 * k + 1);
             }
             xs[k] = gelu(g) * u;
         }
@@ -248,7 +250,7 @@ __device__ static void build_input(const Stage &s, float *xs, float *red, Ctl *c
         const float a = rsqrtf(ss / K + 1e-6f);
         float s2 = 0.0f;
         for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const float r = fmaf(xs[k], a, s.res_in[k]);
+            const float r = fmaf(xs[k], a, __ldcg(s.res_in + k));
             xs[k] = r;
             s2 = fmaf(r, r, s2);
             if (blockIdx.x == 0) s.res_out[k] = r;
@@ -407,13 +409,13 @@ __device__ static void attention(const Stage &s, const float *q, float *smf, Ctl
                 for (int hd = threadIdx.x; hd < hq * D; hd += blockDim.x) {
                     const int h = hd / D, d = hd % D;
                     float m = -INFINITY;
-                    for (int cc = 0; cc < nc; cc++) m = fmaxf(m, s.part[(((size_t)g * nc + cc) * hq + h) * (D + 2)]);
+                    for (int cc = 0; cc < nc; cc++) m = fmaxf(m, __ldcg(s.part + (((size_t)g * nc + cc) * hq + h) * (D + 2)));
                     float l = 0.0f, o = 0.0f;
                     for (int cc = 0; cc < nc; cc++) {
                         const float *pp = s.part + (((size_t)g * nc + cc) * hq + h) * (D + 2);
-                        const float f = __expf(pp[0] - m);
-                        l = fmaf(pp[1], f, l);
-                        o = fmaf(pp[2 + d], f, o);
+                        const float f = __expf(__ldcg(pp) - m);
+                        l = fmaf(__ldcg(pp + 1), f, l);
+                        o = fmaf(__ldcg(pp + 2 + d), f, o);
                     }
                     s.out[(size_t)(g * hq + h) * D + d] = o / l;
                 }
@@ -452,13 +454,14 @@ __global__ void __launch_bounds__(512, 1)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
     const int gw = blockIdx.x * wpb + warp, nw = gridDim.x * wpb;
     float *xs = (float *)sm;
-    float *red = xs + xmax;                          /* [32] */
+    float *red = xs + (xmax + 31) / 32 * 32;         /* [32]; xs padded: the mbarriers 8-, the ring 16-byte aligned */
     float *att = red + 32;                           /* MAXHQ*KC + 2*MAXHQ + 4 */
     uint64_t *mbs = (uint64_t *)(att + MAXHQ * KC + 2 * MAXHQ + 8);
     uint8_t *ring = (uint8_t *)(mbs + MAXWARPS * 16);
     uint64_t *mb = mbs + warp * 16;
     uint8_t *myring = ring + (size_t)warp * nslot * slot;
     if (lane < nslot) mb_init(mb + lane);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     __syncthreads();
     unsigned gen = 0;
     if (threadIdx.x == 0) gen = *(volatile unsigned *)&ctl->gen;
@@ -526,7 +529,7 @@ __global__ void __launch_bounds__(512, 1)
     if (!(mode & M_STREAM_ONLY)) {
         grid_sync(ctl, gen);
         if (blockIdx.x == 0 && threadIdx.x == 0) {
-            const unsigned long long b = ctl->best;
+            const unsigned long long b = __ldcg(&ctl->best);
             ctl->tok = (int)(~(unsigned)(b & 0xffffffffu) % 4096u);
             ctl->best = 0;
         }
@@ -995,7 +998,7 @@ int main(int argc, char **argv) {
                 const int ctx = ctxs[ci];
                 /* shared memory: the input vector, scratch, mbarriers, the rings */
                 int xmax_guess = a->mlp2 > a->nq * 512 ? a->mlp2 : a->nq * 512;
-                const int fixed = 4 * xmax_guess + 4 * 32 + 4 * (MAXHQ * KC + 2 * MAXHQ + 8) + 8 * MAXWARPS * 16;
+                const int fixed = 4 * ((xmax_guess + 31) / 32 * 32) + 4 * 32 + 4 * (MAXHQ * KC + 2 * MAXHQ + 8) + 8 * MAXWARPS * 16;
                 const int ring = (int)prop.sharedMemPerBlockOptin - fixed - 1024;
                 int sl = slot ? slot : 5120;
                 int nslot = ring / (warps * sl);
