@@ -103,7 +103,13 @@ typedef struct g4_session_options {
                           exactness contract); 1 with the prefill procedure (bf16 tensor cores,
                           ~3.7x faster on E2B bf16), whose logits do not depend on the chunk size
                           but differ from the decode procedure's by rounding */
+    int kv_type;       /* G4_KV_F32 (0, default) or G4_KV_BF16: K/V rows rounded to bf16 as they
+                          are cached (CPU sessions): half the cache's memory and the bytes attention
+                          reads; the exactness contract holds within the setting, but the logits
+                          differ from the f32 cache's by the rounding of K and V */
 } g4_session_options;
+
+enum { G4_KV_F32 = 0, G4_KV_BF16 = 1 };
 
 g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_session **out,
                             g4_error *err);

@@ -142,6 +142,56 @@ static void test_lossless_greedy(void **state) {
     }
 }
 
+/* With the bf16 KV cache (the drafter then reads the target's bf16 rows too): drafted == plain,
+ * tokens and logits, across window wraps, every k, oracle drafts accepted and rejected. */
+static void test_lossless_bf16_kv(void **state) {
+    (void)state;
+    const int n_gen = scaled(300), V = 512;
+    for (size_t mi = 0; mi < 2; mi++) {
+        g4_model *m;
+        g4_drafter *d;
+        load(drafter_models[mi], &m, &d);
+        g4_session *s = NULL;
+        g4_error err = {0};
+        assert_int_equal(g4_session_create(m, &(g4_session_options){.n_ctx = 400, .n_threads = 2, .kv_type = G4_KV_BF16}, &s, &err),
+                         G4_OK);
+        token_log plain = {malloc(sizeof(int32_t) * n_gen), malloc(sizeof(float) * (size_t)n_gen * V), 0, n_gen, V};
+        token_log spec = {malloc(sizeof(int32_t) * n_gen), malloc(sizeof(float) * (size_t)n_gen * V), 0, n_gen, V};
+        int32_t prompt[20];
+        prompt[0] = 2;
+        for (int i = 1; i < 20; i++) prompt[i] = 5 + (i * 37) % 500;
+        g4_generate_options o = {.max_new = n_gen};
+        run(s, prompt, 20, &o, &plain, NULL);
+        assert_int_equal(plain.n, n_gen);
+        long accepted = 0;
+        for (int k = 1; k <= 5; k++)
+            for (int mode = 0; mode < 3; mode++) {
+                g4_generate_options od = {.max_new = n_gen, .drafter = d, .draft_k = k, .draft_fixed = 1};
+                if (mode) {
+                    od.oracle = plain.tokens;
+                    od.n_oracle = plain.n;
+                    od.oracle_alpha = mode == 1 ? 0.6 : 0.95;
+                    od.oracle_seed = (uint64_t)(k * 3 + mode);
+                }
+                g4_generate_stats gs;
+                run(s, prompt, 20, &od, &spec, &gs);
+                if (spec.n != plain.n || memcmp(spec.tokens, plain.tokens, sizeof(int32_t) * plain.n))
+                    fail_msg("%s bf16 KV k %d mode %d: tokens differ", drafter_models[mi], k, mode);
+                if (memcmp(spec.logits, plain.logits, sizeof(float) * (size_t)plain.n * V))
+                    fail_msg("%s bf16 KV k %d mode %d: logits differ", drafter_models[mi], k, mode);
+                accepted += gs.accepted;
+            }
+        assert_true(accepted > 0);
+        free(plain.tokens);
+        free(plain.logits);
+        free(spec.tokens);
+        free(spec.logits);
+        g4_session_free(s);
+        g4_drafter_free(d);
+        g4_model_free(m);
+    }
+}
+
 /* Two-sample chi-square homogeneity statistic over the bins where both samples together have at
  * least 10 draws (the rest pooled into one bin); returns the statistic and degrees of freedom. */
 static double chi2_two_sample(const int *a, const int *b, int bins, int na, int nb, int *dof) {
@@ -305,6 +355,7 @@ int main(void) {
         cmocka_unit_test(test_bad_drafters),
         cmocka_unit_test(test_no_logits),
         cmocka_unit_test(test_lossless_greedy),
+        cmocka_unit_test(test_lossless_bf16_kv),
         cmocka_unit_test(test_speculative_sampling_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

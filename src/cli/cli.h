@@ -21,6 +21,8 @@ int cmd_synth(int argc, char **argv);
 
 /* Parses a non-negative int option value; prints an error naming opt and returns -1 if bad. */
 int cli_parse_int(const char *opt, const char *val, int min, int max, int *out);
+/* --kv-type f32|bf16 into G4_KV_F32 / G4_KV_BF16; prints an error and returns -1 if bad. */
+int cli_parse_kv_type(const char *opt, const char *val, int *out);
 
 /* Shared by g4 synth and g4 convert (cmd_synth.c). */
 struct g4_writer_options;

@@ -45,6 +45,7 @@ static void bench_usage(FILE *f) {
             "                       default, chunk 512 unless --batch)\n"
             "  --no-verify          skip the verify-block table\n"
             "  --profile            after each decode row, where a token's time went (CPU)\n"
+            "  --kv-type T          KV cache elements: f32 (default) or bf16 (CPU)\n"
             "  --batch N            most tokens per forward step: the prefill chunk (default 64; 512 with --fast-prefill)\n"
             "  --prefill N          also time one prefill of exactly N tokens from an empty context\n"
             "                       (llama.cpp's pp512 is --prefill 512)\n"
@@ -175,7 +176,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *synth = NULL, *storage = NULL, *ctx_list = "128,1024,4096";
     int threads = 0, gen = 32, layers = 0, verify = 1, draft_k = 4, profile = 0;
     const char *alpha_list = NULL, *draft_dir = NULL;
-    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 0, fast_prefill = 0;
+    int json = 0, prefill = 0, device = G4_DEVICE_CPU, batch = 0, fast_prefill = 0, kv_type = G4_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -203,6 +204,10 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--fast-prefill")) fast_prefill = 1;
+        else if (!strcmp(a, "--kv-type")) {
+            if (cli_parse_kv_type(a, v, &kv_type)) return 2;
+            i++;
+        }
         else if (!strcmp(a, "--device") && v) {
             const char *d = argv[++i];
             if (!strcmp(d, "cpu")) device = G4_DEVICE_CPU;
@@ -263,7 +268,7 @@ int cmd_bench(int argc, char **argv) {
            synth ? "synthetic " : "", synth ? synth : model_path, storage ? storage : synth ? "bf16" : info.arch,
            info.n_layers, info.hidden, info.weight_bytes / 1e9, now() - t0);
     g4_session_options o = {.n_ctx = max_ctx + gen + 16, .n_threads = threads, .max_batch = batch, .device = device,
-                            .fast_prefill = fast_prefill};
+                            .fast_prefill = fast_prefill, .kv_type = kv_type};
     if (g4_session_create(m, &o, &s, &err)) goto fail;
     int nt = threads;
     if (!nt) {

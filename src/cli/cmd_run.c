@@ -25,7 +25,7 @@ typedef struct {
     const char *model, *tokenizer, *prompt, *system, *draft;
     const char *stops[MAX_STOPS];
     int n_stops;
-    int raw, ids, think, max_tokens, ctx, threads, draft_k, quiet, fast_prefill;
+    int raw, ids, think, max_tokens, ctx, threads, draft_k, quiet, fast_prefill, kv_type;
     int device; /* -1: auto (CUDA when there is a usable GPU, else the CPU), or G4_DEVICE_* */
     g4_sampler_options so;
 } run_opts;
@@ -50,6 +50,8 @@ static void run_usage(FILE *f, int chat) {
             "  --stop TEXT           stop when the output contains TEXT (repeatable)\n"
             "  --ctx N               context length (default 4096)\n"
             "  --threads N           worker threads (default: all CPUs)\n"
+            "  --kv-type T           KV cache elements: f32 (default) or bf16 (CPU: half the memory and\n"
+            "                        the bytes attention reads; logits within the rounding of K and V)\n"
             "  --device D            cpu, cuda or auto (default: auto = the GPU when there is one)\n"
             "  --fast-prefill        GPU: the prompt on the tensor cores (~10x faster on E2B; logits within\n"
             "                        rounding of the default, which is bitwise one token at a time)\n"
@@ -119,6 +121,7 @@ static int parse_run_opts(int argc, char **argv, int chat, run_opts *o) {
         else if (!strcmp(a, "--ctx")) bad = cli_parse_int(a, v, 16, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--threads")) bad = cli_parse_int(a, v, 1, 256, &o->threads);
         else if (!strcmp(a, "--draft-k")) bad = cli_parse_int(a, v, 1, G4_MAX_DRAFT, &o->draft_k);
+        else if (!strcmp(a, "--kv-type")) bad = cli_parse_kv_type(a, v, &o->kv_type);
         else if (!strcmp(a, "--device")) {
             if (v && !strcmp(v, "cpu")) o->device = G4_DEVICE_CPU;
             else if (v && !strcmp(v, "cuda")) o->device = G4_DEVICE_CUDA;
@@ -207,7 +210,7 @@ static int engine_open(engine *e, const run_opts *o, int need_tokenizer) {
         fprintf(stderr, "loaded %s: %d layers, hidden %d, %.2f GB of weights, in %.2f s\n", info.arch, info.n_layers,
                 info.hidden, info.weight_bytes / 1e9, seconds() - t0);
     g4_session_options so = {.n_ctx = o->ctx, .n_threads = o->threads, .device = o->device < 0 ? G4_DEVICE_CUDA : o->device,
-                             .fast_prefill = o->fast_prefill};
+                             .fast_prefill = o->fast_prefill, .kv_type = o->kv_type};
     if (g4_session_create(e->model, &so, &e->sess, &err)) {
         /* auto: no usable GPU (or weights it cannot run yet) -> say so once, use the CPU */
         if (o->device >= 0 || err.code != G4_ERR_UNSUPPORTED) goto fail;

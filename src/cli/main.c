@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "g4.h"
 
 /* One line per subcommand; keep in alphabetical order. */
 static const cli_command commands[] = {
@@ -30,6 +31,16 @@ int cli_parse_int(const char *opt, const char *val, int min, int max, int *out) 
         return -1;
     }
     *out = (int)v;
+    return 0;
+}
+
+int cli_parse_kv_type(const char *opt, const char *val, int *out) {
+    if (val && !strcmp(val, "f32")) *out = G4_KV_F32;
+    else if (val && !strcmp(val, "bf16")) *out = G4_KV_BF16;
+    else {
+        fprintf(stderr, "g4: %s: '%s' is not f32 or bf16\n", opt, val ? val : "");
+        return -1;
+    }
     return 0;
 }
 

@@ -56,6 +56,10 @@ void g4_avsum_heads_isa(g4_isa isa, float *y, size_t ystride, const float *p, si
                         size_t stride, int nk, int d) {
     ACT_PICK(isa, avsum_heads)(y, ystride, p, pstride, nh, v, stride, nk, d);
 }
+void g4_avsum_heads_bf16_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh,
+                             const uint16_t *v, size_t stride, int nk, int d) {
+    ACT_PICK(isa, avsum_heads_bf16)(y, ystride, p, pstride, nh, v, stride, nk, d);
+}
 void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
     g4_avsum_isa(g4_isa_best(), y, p, v, stride, nk, d);
 }

@@ -82,4 +82,7 @@ void g4_avsum_isa(g4_isa isa, float *y, const float *p, const float *v, size_t s
  * calls of it; each V row is read once per run of 4 heads */
 void g4_avsum_heads_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
                         size_t stride, int nk, int d);
+/* the same with bf16 V rows: bitwise g4_avsum_heads_isa on the rows widened to float */
+void g4_avsum_heads_bf16_isa(g4_isa isa, float *y, size_t ystride, const float *p, size_t pstride, int nh,
+                             const uint16_t *v, size_t stride, int nk, int d);
 #endif

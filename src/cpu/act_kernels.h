@@ -133,23 +133,42 @@ KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
     for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* KW V elements at v[i..]: float rows, or bf16 rows (bf: each value widened exactly) */
+KINL VF KN(ldv)(const void *v, size_t i, const int bf) {
+    if (!bf) return *(const VF *)((const float *)v + i);
+    const uint16_t *h = (const uint16_t *)v + i;
+#if KW == 16
+    return (VF)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h)), 16);
+#elif KW == 8
+    return (VF)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h)), 16);
+#else
+    VF r = KN(splat)(0.0f);
+    for (int l = 0; l < KW; l++) r[l] = g4_bf16_to_f32(h[l]);
+    return r;
+#endif
+}
+KINL float KN(ldv1)(const void *v, size_t i, const int bf) {
+    return bf ? g4_bf16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+}
+
 /* y[e] = fma(p[k], v[k·stride + e], y[e]) for k = 0..nk-1 in order (one fused multiply-add per key:
  * half the operations of a multiply and an add, which share this CPU's one 512-bit FMA port):
  * the same operations as nk calls of axpy, with y held in registers across the keys. Blocks of
  * AV_NB vectors (256 floats with AVX-512) first: each key's block is one contiguous run of the
- * row, and the AV_NB accumulators are independent chains. */
+ * row, and the AV_NB accumulators are independent chains. V rows are floats, or bf16 (bf = 1:
+ * the same operations on the widened values). */
 #define AV_NB (KW == 16 ? 16 : 8)
-KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
+KINL void KN(avsum_t)(float *y, const float *p, const void *v, size_t stride, int nk, int d, const int bf) {
     int i = 0;
     for (; i + AV_NB * KW <= d; i += AV_NB * KW) {
         VF a[AV_NB];
 #pragma GCC unroll 16
         for (int b = 0; b < AV_NB; b++) a[b] = *(VF *)(y + i + b * KW);
         for (int k = 0; k < nk; k++) {
-            const float *vr = v + (size_t)k * stride + i;
+            const size_t vr = (size_t)k * stride + i;
             const VF pk = KN(splat)(p[k]);
 #pragma GCC unroll 16
-            for (int b = 0; b < AV_NB; b++) a[b] = KN(vfma)(pk, *(const VF *)(vr + b * KW), a[b]);
+            for (int b = 0; b < AV_NB; b++) a[b] = KN(vfma)(pk, KN(ldv)(v, vr + b * KW, bf), a[b]);
         }
 #pragma GCC unroll 16
         for (int b = 0; b < AV_NB; b++) *(VF *)(y + i + b * KW) = a[b];
@@ -157,12 +176,12 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
     for (; i + 4 * KW <= d; i += 4 * KW) {
         VF a0 = *(VF *)(y + i), a1 = *(VF *)(y + i + KW), a2 = *(VF *)(y + i + 2 * KW), a3 = *(VF *)(y + i + 3 * KW);
         for (int k = 0; k < nk; k++) {
-            const float *vr = v + (size_t)k * stride + i;
+            const size_t vr = (size_t)k * stride + i;
             const VF pk = KN(splat)(p[k]);
-            a0 = KN(vfma)(pk, *(const VF *)vr, a0);
-            a1 = KN(vfma)(pk, *(const VF *)(vr + KW), a1);
-            a2 = KN(vfma)(pk, *(const VF *)(vr + 2 * KW), a2);
-            a3 = KN(vfma)(pk, *(const VF *)(vr + 3 * KW), a3);
+            a0 = KN(vfma)(pk, KN(ldv)(v, vr, bf), a0);
+            a1 = KN(vfma)(pk, KN(ldv)(v, vr + KW, bf), a1);
+            a2 = KN(vfma)(pk, KN(ldv)(v, vr + 2 * KW, bf), a2);
+            a3 = KN(vfma)(pk, KN(ldv)(v, vr + 3 * KW, bf), a3);
         }
         *(VF *)(y + i) = a0;
         *(VF *)(y + i + KW) = a1;
@@ -171,19 +190,23 @@ KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t s
     }
     for (; i + KW <= d; i += KW) {
         VF a0 = *(VF *)(y + i);
-        for (int k = 0; k < nk; k++) a0 = KN(vfma)(KN(splat)(p[k]), *(const VF *)(v + (size_t)k * stride + i), a0);
+        for (int k = 0; k < nk; k++) a0 = KN(vfma)(KN(splat)(p[k]), KN(ldv)(v, (size_t)k * stride + i, bf), a0);
         *(VF *)(y + i) = a0;
     }
     for (; i < d; i++)
-        for (int k = 0; k < nk; k++) y[i] = fmaf(p[k], v[(size_t)k * stride + (size_t)i], y[i]);
+        for (int k = 0; k < nk; k++) y[i] = fmaf(p[k], KN(ldv1)(v, (size_t)k * stride + (size_t)i, bf), y[i]);
+}
+
+KTARGET static void KN(avsum)(float *y, const float *p, const float *v, size_t stride, int nk, int d) {
+    KN(avsum_t)(y, p, v, stride, nk, d, 0);
 }
 
 /* avsum for nh <= 4 heads at once over the same V rows: y_h[e] = fma(p_h[k], v[k·stride + e], y_h[e])
  * for k = 0..nk-1 in order (y_h = y + h·ystride, p_h = p + h·pstride): each element gets exactly
  * the operations of avsum, but every V row is read once for all the heads (blocks of 4 vectors
  * per head: 16 accumulators). */
-KINL void KN(avsum_h)(float *y, size_t ystride, const float *p, size_t pstride, const float *v, size_t stride,
-                      int nk, int d, const int nh) {
+KINL void KN(avsum_h)(float *y, size_t ystride, const float *p, size_t pstride, const void *v, size_t stride,
+                      int nk, int d, const int nh, const int bf) {
     int i = 0;
     for (; i + 4 * KW <= d; i += 4 * KW) {
         VF a[4][4];
@@ -192,10 +215,10 @@ KINL void KN(avsum_h)(float *y, size_t ystride, const float *p, size_t pstride, 
 #pragma GCC unroll 4
             for (int b = 0; b < 4; b++) a[h][b] = *(VF *)(y + h * ystride + i + b * KW);
         for (int k = 0; k < nk; k++) {
-            const float *vr = v + (size_t)k * stride + i;
+            const size_t vr = (size_t)k * stride + i;
             VF w[4];
 #pragma GCC unroll 4
-            for (int b = 0; b < 4; b++) w[b] = *(const VF *)(vr + b * KW);
+            for (int b = 0; b < 4; b++) w[b] = KN(ldv)(v, vr + b * KW, bf);
 #pragma GCC unroll 4
             for (int h = 0; h < nh; h++) {
                 const VF pk = KN(splat)(p[h * pstride + (size_t)k]);
@@ -208,21 +231,32 @@ KINL void KN(avsum_h)(float *y, size_t ystride, const float *p, size_t pstride, 
 #pragma GCC unroll 4
             for (int b = 0; b < 4; b++) *(VF *)(y + h * ystride + i + b * KW) = a[h][b];
     }
-    for (int h = 0; h < nh; h++) KN(avsum)(y + h * ystride + i, p + h * pstride, v + i, stride, nk, d - i);
+    const void *vi = bf ? (const void *)((const uint16_t *)v + i) : (const void *)((const float *)v + i);
+    for (int h = 0; h < nh; h++) KN(avsum_t)(y + h * ystride + i, p + h * pstride, vi, stride, nk, d - i, bf);
 }
 
 /* any number of heads, in runs of 4 over the same rows (the second run's rows come from cache:
  * blocks of 8 heads with 2 vectors each measured slower than two runs of 4 on the Zen 5 machine) */
-KTARGET static void KN(avsum_heads)(float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
-                                    size_t stride, int nk, int d) {
+KINL void KN(avsum_heads_t)(float *y, size_t ystride, const float *p, size_t pstride, int nh, const void *v, size_t stride,
+                            int nk, int d, const int bf) {
     for (; nh > 0; nh -= 4, y += 4 * ystride, p += 4 * pstride) {
         switch (nh) {
-        case 1: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 1); break;
-        case 2: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 2); break;
-        case 3: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 3); break;
-        default: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 4); break;
+        case 1: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 1, bf); break;
+        case 2: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 2, bf); break;
+        case 3: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 3, bf); break;
+        default: KN(avsum_h)(y, ystride, p, pstride, v, stride, nk, d, 4, bf); break;
         }
     }
+}
+
+KTARGET static void KN(avsum_heads)(float *y, size_t ystride, const float *p, size_t pstride, int nh, const float *v,
+                                    size_t stride, int nk, int d) {
+    KN(avsum_heads_t)(y, ystride, p, pstride, nh, v, stride, nk, d, 0);
+}
+
+KTARGET static void KN(avsum_heads_bf16)(float *y, size_t ystride, const float *p, size_t pstride, int nh,
+                                         const uint16_t *v, size_t stride, int nk, int d) {
+    KN(avsum_heads_t)(y, ystride, p, pstride, nh, v, stride, nk, d, 1);
 }
 
 #undef KCAT2

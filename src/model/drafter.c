@@ -251,12 +251,13 @@ g4_status g4_draft_state_init(g4_draft_state *ds, const g4_drafter *d, int n_ctx
     ds->up = calloc((size_t)maxI, f);
     ds->scores = calloc((size_t)n_ctx, f);
     ds->rope_cs = calloc((size_t)maxd, f);
+    ds->kv_row = calloc((size_t)maxd, f);
     int C = d->cfg.ordered_embeddings ? d->cfg.n_centroids : 1;
     ds->cent = calloc((size_t)C, f);
     ds->cent_idx = calloc((size_t)C, sizeof(int));
     ds->mark = calloc((size_t)c->vocab, 1);
     if (!ds->mark || !ds->x2 || !ds->x || !ds->a || !ds->t || !ds->y || !ds->q || !ds->att || !ds->gate || !ds->up || !ds->scores ||
-        !ds->rope_cs || !ds->cent || !ds->cent_idx) {
+        !ds->rope_cs || !ds->cent || !ds->cent_idx || !ds->kv_row) {
         g4_draft_state_free(ds);
         return g4_fail(err, G4_ERR_NOMEM, "out of memory for drafter scratch");
     }
@@ -265,19 +266,28 @@ g4_status g4_draft_state_init(g4_draft_state *ds, const g4_drafter *d, int n_ctx
 
 void g4_draft_state_free(g4_draft_state *ds) {
     free(ds->x2); free(ds->x); free(ds->a); free(ds->t); free(ds->y); free(ds->q); free(ds->att);
-    free(ds->gate); free(ds->up); free(ds->scores); free(ds->rope_cs); free(ds->cent); free(ds->cent_idx); free(ds->mark);
+    free(ds->gate); free(ds->up); free(ds->scores); free(ds->rope_cs); free(ds->kv_row); free(ds->cent); free(ds->cent_idx); free(ds->mark);
     memset(ds, 0, sizeof *ds);
+}
+
+/* d elements of a target cache from element `at`: in place for a float cache, widened into buf
+ * for a bf16 one. */
+static const float *cache_row(const g4_state *ts, const void *cache, size_t at, int d, float *buf) {
+    if (!ts->kv_bf16) return (const float *)cache + at;
+    const uint16_t *h = (const uint16_t *)cache + at;
+    for (int e = 0; e < d; e++) buf[e] = g4_bf16_to_f32(h[e]);
+    return buf;
 }
 
 /* Attention of one drafter head over the target's committed cache of layer `src`, keys lo..qpos. */
 static void draft_attend(const g4_state *ts, int src, int kv_off, int d, const float *q, int lo, int qpos,
-                         float *sc, float *out) {
+                         float *sc, float *out, float *wide) {
     const g4_layer_config *l = &ts->m->cfg.layers[src];
     size_t row = (size_t)l->n_kv_heads * l->head_dim;
     int cap = ts->cache_cap[src];
     float mx = -INFINITY, sum = 0;
     for (int k = lo; k <= qpos; k++) {
-        float v = g4_dot_f32(q, ts->k_cache[src] + (size_t)(k % cap) * row + kv_off, d);
+        float v = g4_dot_f32(q, cache_row(ts, ts->k_cache[src], (size_t)(k % cap) * row + kv_off, d, wide), d);
         sc[k - lo] = v;
         mx = v > mx ? v : mx;
     }
@@ -287,7 +297,7 @@ static void draft_attend(const g4_state *ts, int src, int kv_off, int d, const f
         float p = sc[k - lo] / sum;
         if (p < 0x1p-40f) continue; /* invisible in the sum; its products with V would be subnormal
                                        (a microcode assist each on the CPU), as in forward.c */
-        const float *v = ts->v_cache[src] + (size_t)(k % cap) * row + kv_off;
+        const float *v = cache_row(ts, ts->v_cache[src], (size_t)(k % cap) * row + kv_off, d, wide);
         for (int e = 0; e < d; e++) out[e] += p * v[e];
     }
 }
@@ -318,7 +328,7 @@ void g4_draft_step(const g4_drafter *d, g4_draft_state *ds, const g4_state *ts, 
         int lo = lc->is_full ? 0 : (qpos - tm->cfg.sliding_window + 1 > 0 ? qpos - tm->cfg.sliding_window + 1 : 0);
         for (int hh = 0; hh < nH; hh++)
             draft_attend(ts, src, (hh / group) * dd, dd, ds->q + (size_t)hh * dd, lo, qpos, ds->scores,
-                         ds->att + (size_t)hh * dd);
+                         ds->att + (size_t)hh * dd, ds->kv_row);
         g4_matmul(pool, &w->wo, ds->att, 1, ds->t, h);
         g4_rmsnorm(ds->t, ds->t, w->post_attn_norm, h, eps);
         for (int i = 0; i < h; i++) ds->x[i] += ds->t[i];

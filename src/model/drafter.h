@@ -52,6 +52,7 @@ g4_status g4_drafter_bind(struct g4_drafter *d, g4_error *err);
 typedef struct g4_draft_state {
     int h, H;
     float *x2, *x, *a, *q, *att, *t, *gate, *up, *y, *scores, *cent, *rope_cs;
+    float *kv_row;  /* [max_d]: a row of a bf16 target cache, widened */
     int *cent_idx;
     unsigned char *mark;           /* [V] tokens the centroid head scored */
     int max_d, n_ctx;

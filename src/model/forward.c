@@ -37,13 +37,15 @@ static void *zalloc(size_t n, int *fail) {
 }
 
 /* bytes of one layer's K (or V) cache of cap rows, rounded up to a cache line */
-static size_t cache_bytes(const g4_layer_config *l, int cap) {
-    return ((size_t)l->n_kv_heads * l->head_dim * (size_t)cap * sizeof(float) + 63) & ~(size_t)63;
+static size_t cache_bytes(const g4_layer_config *l, int cap, size_t es) {
+    return ((size_t)l->n_kv_heads * l->head_dim * (size_t)cap * es + 63) & ~(size_t)63;
 }
 
-g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads,
+g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads, int kv_bf16,
                         g4_error *err) {
     memset(s, 0, sizeof *s);
+    s->kv_bf16 = kv_bf16 != 0;
+    const size_t es = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     const g4_config *c = &m->cfg;
     int L = c->n_layers, H = c->hidden, B = max_batch, fail = 0;
     s->m = m;
@@ -59,10 +61,12 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         if (l->mlp_width > maxI) maxI = l->mlp_width;
     }
     size_t nq = (size_t)c->n_heads * maxd, f = sizeof(float);
-    s->k_cache = zalloc(sizeof(float *) * L, &fail);
-    s->v_cache = zalloc(sizeof(float *) * L, &fail);
+    s->k_cache = zalloc(sizeof(void *) * L, &fail);
+    s->v_cache = zalloc(sizeof(void *) * L, &fail);
     s->k_stage = zalloc(sizeof(float *) * L, &fail);
     s->v_stage = zalloc(sizeof(float *) * L, &fail);
+    s->k_stage16 = zalloc(sizeof(uint16_t *) * L, &fail);
+    s->v_stage16 = zalloc(sizeof(uint16_t *) * L, &fail);
     s->cache_cap = zalloc(sizeof(int) * L, &fail);
     s->layer_rope = zalloc(sizeof(int) * L, &fail);
     if (fail) goto oom;
@@ -87,9 +91,13 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         size_t row = (size_t)l->n_kv_heads * l->head_dim;
         int cap = l->is_full ? n_ctx : (c->sliding_window < n_ctx ? c->sliding_window : n_ctx);
         s->cache_cap[i] = cap;
-        s->kv_mem_len += 2 * cache_bytes(l, cap);
+        s->kv_mem_len += 2 * cache_bytes(l, cap, es);
         s->k_stage[i] = zalloc(row * B * f, &fail);
         s->v_stage[i] = zalloc(row * B * f, &fail);
+        if (s->kv_bf16) {
+            s->k_stage16[i] = zalloc(row * B * sizeof(uint16_t), &fail);
+            s->v_stage16[i] = zalloc(row * B * sizeof(uint16_t), &fail);
+        }
     }
     /* the caches in one huge-page mapping (g4_map_anon_huge): decode streams every visible K and
      * V row per token (2-core Zen 5 machine, E2B Q4_0 decode at context 4096, alternating runs:
@@ -99,9 +107,9 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
         if (!at) fail = 1;
         for (int i = 0; at && i < L; i++) {
             if (c->layers[i].kv_source != i) continue;
-            const size_t bytes = cache_bytes(&c->layers[i], s->cache_cap[i]);
-            s->k_cache[i] = (float *)at;
-            s->v_cache[i] = (float *)(at + bytes);
+            const size_t bytes = cache_bytes(&c->layers[i], s->cache_cap[i], es);
+            s->k_cache[i] = at;
+            s->v_cache[i] = at + bytes;
             at += 2 * bytes;
         }
     }
@@ -155,9 +163,11 @@ void g4_state_free(g4_state *s) {
         for (int i = 0; i < s->m->cfg.n_layers; i++) {
             free(s->k_stage[i]);
             free(s->v_stage[i]);
+            if (s->k_stage16) free(s->k_stage16[i]);
+            if (s->v_stage16) free(s->v_stage16[i]);
         }
     g4_unmap_anon(s->kv_mem, s->kv_mem_len);
-    free(s->k_cache); free(s->v_cache); free(s->k_stage); free(s->v_stage);
+    free(s->k_cache); free(s->v_cache); free(s->k_stage); free(s->v_stage); free(s->k_stage16); free(s->v_stage16);
     free(s->cache_cap); free(s->layer_rope);
     free(s->x); free(s->a); free(s->t); free(s->ffn); free(s->q); free(s->att); free(s->kv);
     free(s->act_q);
@@ -171,13 +181,16 @@ void g4_state_free(g4_state *s) {
 void g4_state_commit(g4_state *s, int n) {
     const g4_config *c = &s->m->cfg;
     if (n > s->n_staged) n = s->n_staged;
+    const size_t es = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int i = 0; i < c->n_layers; i++) {
         if (!s->k_cache[i]) continue;
-        size_t row = (size_t)c->layers[i].n_kv_heads * c->layers[i].head_dim;
+        const size_t rb = (size_t)c->layers[i].n_kv_heads * c->layers[i].head_dim * es;
+        const uint8_t *ks = s->kv_bf16 ? (const uint8_t *)s->k_stage16[i] : (const uint8_t *)s->k_stage[i];
+        const uint8_t *vs = s->kv_bf16 ? (const uint8_t *)s->v_stage16[i] : (const uint8_t *)s->v_stage[i];
         for (int r = 0; r < n; r++) {
             size_t slot = (size_t)((s->stage_pos + r) % s->cache_cap[i]);
-            memcpy(s->k_cache[i] + slot * row, s->k_stage[i] + (size_t)r * row, row * sizeof(float));
-            memcpy(s->v_cache[i] + slot * row, s->v_stage[i] + (size_t)r * row, row * sizeof(float));
+            memcpy((uint8_t *)s->k_cache[i] + slot * rb, ks + (size_t)r * rb, rb);
+            memcpy((uint8_t *)s->v_cache[i] + slot * rb, vs + (size_t)r * rb, rb);
         }
     }
     s->pos = s->stage_pos + n;
@@ -200,11 +213,16 @@ static void dump_rows(const g4_state *s, const char *name, int layer, int M, con
     for (int m = 0; m < M; m++) dump(s, name, layer, m, data + (size_t)m * ld, n);
 }
 
-/* K/V row of absolute position j for layer `src`: staged rows first, else the cache. */
-static inline const float *kv_row(const g4_state *s, float *const *stage, float *const *cache, int src,
-                                  int j, size_t row) {
-    if (j >= s->stage_pos) return stage[src] + (size_t)(j - s->stage_pos) * row;
-    return cache[src] + (size_t)(j % s->cache_cap[src]) * row;
+/* K (v = 0) or V (v = 1) row of absolute position j for layer `src`, as attention reads it (floats,
+ * or bf16 with kv_bf16): staged rows first, else the cache. */
+static inline const void *kv_row(const g4_state *s, int v, int src, int j, size_t row) {
+    const size_t rb = row * (s->kv_bf16 ? sizeof(uint16_t) : sizeof(float));
+    if (j >= s->stage_pos) {
+        const void *st = s->kv_bf16 ? (const void *)(v ? s->v_stage16 : s->k_stage16)[src]
+                                    : (const void *)(v ? s->v_stage : s->k_stage)[src];
+        return (const uint8_t *)st + (size_t)(j - s->stage_pos) * rb;
+    }
+    return (const uint8_t *)(v ? s->v_cache : s->k_cache)[src] + (size_t)(j % s->cache_cap[src]) * rb;
 }
 
 typedef struct {
@@ -241,8 +259,10 @@ static void att_chunk(const attn_job *j, float *sc, int m, int g, int h0, int nh
     for (int k = kb; k <= ke;) {
         int run = kv_run(s, j->src, k, p);
         if (run > ke - k + 1) run = ke - k + 1;
-        g4_mat km = g4_mat_dense(G4_DT_F32, run, d, kv_row(s, s->k_stage, s->k_cache, j->src, k, row) + off);
-        km.row_bytes = row * sizeof(float);
+        const int bf = s->kv_bf16;
+        g4_mat km = g4_mat_dense(bf ? G4_DT_BF16 : G4_DT_F32, run, d,
+                                 (const uint8_t *)kv_row(s, 0, j->src, k, row) + off * (bf ? sizeof(uint16_t) : sizeof(float)));
+        km.row_bytes = row * (bf ? sizeof(uint16_t) : sizeof(float));
         g4_matmul_isa(j->isa, NULL, &km, q0, nh, sc + (k - kb), ATT_CHUNK);
         k += run;
     }
@@ -261,8 +281,12 @@ static void att_chunk(const attn_job *j, float *sc, int m, int g, int h0, int nh
     for (int k = kb; k <= ke;) { /* the weighted sums of V over the same runs, all heads per V row */
         int run = kv_run(s, j->src, k, p);
         if (run > ke - k + 1) run = ke - k + 1;
-        g4_avsum_heads_isa(j->isa, out, ostride, sc + (k - kb), ATT_CHUNK, nh,
-                           kv_row(s, s->v_stage, s->v_cache, j->src, k, row) + off, row, run, d);
+        if (s->kv_bf16)
+            g4_avsum_heads_bf16_isa(j->isa, out, ostride, sc + (k - kb), ATT_CHUNK, nh,
+                                    (const uint16_t *)kv_row(s, 1, j->src, k, row) + off, row, run, d);
+        else
+            g4_avsum_heads_isa(j->isa, out, ostride, sc + (k - kb), ATT_CHUNK, nh,
+                               (const float *)kv_row(s, 1, j->src, k, row) + off, row, run, d);
         k += run;
     }
 }
@@ -657,6 +681,13 @@ static void tok_range(void *ctx, int m0, int m1, int tid) {
                 g4_rmsnorm(kh, kh, w->k_norm, d, c->rms_eps);
                 rope_apply(s, kh, m, rk);
                 g4_rmsnorm(vh, vh, NULL, d, c->rms_eps);
+            }
+            if (s->kv_bf16) { /* the rows as the cache keeps them */
+                uint16_t *kb = s->k_stage16[j->li] + (size_t)m * nkv, *vb = s->v_stage16[j->li] + (size_t)m * nkv;
+                for (int i = 0; i < nkv; i++) {
+                    kb[i] = g4_f32_to_bf16(ks[i]);
+                    vb[i] = g4_f32_to_bf16(vs[i]);
+                }
             }
             break;
         }

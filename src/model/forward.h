@@ -25,11 +25,15 @@ typedef struct g4_state {
     int n_ctx, max_batch, n_threads;
     int pos;                    /* committed positions */
     /* per layer; NULL for KV-shared layers */
-    float **k_cache, **v_cache; /* [cap][nKV·d], all in kv_mem */
+    void **k_cache, **v_cache;  /* [cap][nKV·d] floats, or bf16 when kv_bf16; all in kv_mem */
+    int kv_bf16;                /* K/V rows kept as bf16 (g4_session_options.kv_type): half the
+                                   cache's memory and the bytes attention reads */
     void *kv_mem;               /* one anonymous mapping (huge pages where the kernel gives them) */
     size_t kv_mem_len;
     int *cache_cap;             /* ring length (sliding) or n_ctx (full) */
     float **k_stage, **v_stage; /* [max_batch][nKV·d] */
+    uint16_t **k_stage16, **v_stage16; /* kv_bf16: the staged rows rounded to bf16, as cached (what
+                                          attention reads, so staged and cached rows are the same) */
     int stage_pos, n_staged;    /* staging holds positions [stage_pos, stage_pos + n_staged) */
     int n_staged_last;          /* tokens in the last forward: after it, a[m·H] (m < this) holds
                                    the final-normed hidden of its m-th token */
@@ -59,7 +63,7 @@ typedef struct g4_state {
     int *dump_pos, n_dump_pos;  /* n_dump_pos < 0: every position */
 } g4_state;
 
-g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads,
+g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch, int n_threads, int kv_bf16,
                         g4_error *err);
 void g4_state_free(g4_state *s);
 

@@ -70,6 +70,10 @@ g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_sess
         return g4_fail(err, G4_ERR_ARG, "session options must not be negative");
     if (o.device != G4_DEVICE_CPU && o.device != G4_DEVICE_CUDA)
         return g4_fail(err, G4_ERR_ARG, "unknown device %d", o.device);
+    if (o.kv_type != G4_KV_F32 && o.kv_type != G4_KV_BF16)
+        return g4_fail(err, G4_ERR_ARG, "unknown KV cache type %d (G4_KV_F32 or G4_KV_BF16)", o.kv_type);
+    if (o.kv_type == G4_KV_BF16 && o.device == G4_DEVICE_CUDA)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "a bf16 KV cache is not supported on the GPU yet (CPU sessions only)");
 #ifndef G4_HAVE_CUDA
     if (o.device == G4_DEVICE_CUDA)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "no CUDA device/driver: this g4 was built without CUDA (nvcc not found)");
@@ -94,7 +98,7 @@ g4_status g4_session_create(g4_model *m, const g4_session_options *opts, g4_sess
     } else
 #endif
         if (!st)
-        st = g4_state_init(&s->st, m, o.n_ctx, o.max_batch, g4_threadpool_size(s->pool), err);
+        st = g4_state_init(&s->st, m, o.n_ctx, o.max_batch, g4_threadpool_size(s->pool), o.kv_type == G4_KV_BF16, err);
     if (st) {
         g4_session_free(s);
         return st;
