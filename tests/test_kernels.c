@@ -742,37 +742,31 @@ static void test_act(void **state) {
             for (int k = 0; k < nk; k++) g4_axpy_isa(G4_ISA_SCALAR, ref, u[k], x + (size_t)k * (d + 3), d);
             assert_memory_equal(y, ref, sizeof(float) * d);
         }
-    /* several heads over the same V rows (runs of 4 and what is left): bitwise one avsum per head */
+    /* several heads over the same V rows (runs of 4 and what is left): bitwise one avsum per head;
+     * with bf16 V rows (the bf16 KV cache) bitwise the float version on the widened rows */
+    uint16_t *vb = malloc(sizeof(uint16_t) * N);
+    float *vf = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++) vf[i] = g4_bf16_to_f32(vb[i] = g4_f32_to_bf16(x[i]));
     for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
         for (int nh = 1; nh <= 9; nh++)
-            for (int d = 1; d < 300; d += d < 100 ? 29 : 97) {
-                int nk = 1 + (d + nh) % 5;
-                size_t ys = (size_t)d + 5;
-                memset(y, 0, sizeof(float) * ys * 9);
-                memset(ref, 0, sizeof(float) * ys * 9);
-                g4_avsum_heads_isa((g4_isa)isa, y, ys, u, 7, nh, x, (size_t)d + 3, nk, d);
-                for (int h = 0; h < nh; h++) g4_avsum_isa(G4_ISA_SCALAR, ref + h * ys, u + 7 * h, x, (size_t)d + 3, nk, d);
-                assert_memory_equal(y, ref, sizeof(float) * ys * 9);
-            }
-    /* bf16 V rows (the bf16 KV cache): bitwise the float version on the widened rows */
-    {
-        uint16_t *vb = malloc(sizeof(uint16_t) * N);
-        float *vf = malloc(sizeof(float) * N);
-        for (int i = 0; i < N; i++) vf[i] = g4_bf16_to_f32(vb[i] = g4_f32_to_bf16(x[i]));
-        for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++)
-            for (int nh = 1; nh <= 9; nh++)
-                for (int d = 1; d < 300; d += d < 100 ? 29 : 97) {
+            for (int d = 1; d < 300; d += d < 100 ? 29 : 97)
+                for (int bf = 0; bf < 2; bf++) {
                     int nk = 1 + (d + nh) % 5;
                     size_t ys = (size_t)d + 5;
                     memset(y, 0, sizeof(float) * ys * 9);
                     memset(ref, 0, sizeof(float) * ys * 9);
-                    g4_avsum_heads_bf16_isa((g4_isa)isa, y, ys, u, 7, nh, vb, (size_t)d + 3, nk, d);
-                    g4_avsum_heads_isa(G4_ISA_SCALAR, ref, ys, u, 7, nh, vf, (size_t)d + 3, nk, d);
+                    if (bf) {
+                        g4_avsum_heads_bf16_isa((g4_isa)isa, y, ys, u, 7, nh, vb, (size_t)d + 3, nk, d);
+                        g4_avsum_heads_isa(G4_ISA_SCALAR, ref, ys, u, 7, nh, vf, (size_t)d + 3, nk, d);
+                    } else {
+                        g4_avsum_heads_isa((g4_isa)isa, y, ys, u, 7, nh, x, (size_t)d + 3, nk, d);
+                        for (int h = 0; h < nh; h++)
+                            g4_avsum_isa(G4_ISA_SCALAR, ref + h * ys, u + 7 * h, x, (size_t)d + 3, nk, d);
+                    }
                     assert_memory_equal(y, ref, sizeof(float) * ys * 9);
                 }
-        free(vb);
-        free(vf);
-    }
+    free(vb);
+    free(vf);
     free(x);
     free(u);
     free(ref);

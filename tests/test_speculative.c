@@ -63,6 +63,36 @@ static void run(g4_session *s, const int32_t *prompt, int n_prompt, const g4_gen
     if (g4_generate(s, prompt, n_prompt, &o, stats, &err)) fail_msg("%s", err.message);
 }
 
+static void release(token_log *a, token_log *b, g4_session *s, g4_drafter *d, g4_model *m) {
+    free(a->tokens);
+    free(a->logits);
+    free(b->tokens);
+    free(b->logits);
+    g4_session_free(s);
+    g4_drafter_free(d);
+    g4_model_free(m);
+}
+
+/* One drafted generation (k drafts per round; mode 0 the drafter's own drafts, 1 / 2 oracle drafts
+ * right with probability 0.6 / 0.95) against the plain one: the same tokens and logits. */
+static g4_generate_stats drafted_equals_plain(g4_session *s, g4_drafter *d, const int32_t *prompt, int n_prompt, int k, int mode,
+                                              uint64_t seed, const token_log *plain, token_log *spec, const char *what) {
+    g4_generate_options od = {.max_new = plain->cap, .drafter = d, .draft_k = k, .draft_fixed = 1};
+    if (mode) {
+        od.oracle = plain->tokens;
+        od.n_oracle = plain->n;
+        od.oracle_alpha = mode == 1 ? 0.6 : 0.95;
+        od.oracle_seed = seed;
+    }
+    g4_generate_stats gs;
+    run(s, prompt, n_prompt, &od, spec, &gs);
+    if (spec->n != plain->n || memcmp(spec->tokens, plain->tokens, sizeof(int32_t) * plain->n))
+        fail_msg("%s k %d mode %d: tokens differ", what, k, mode);
+    if (memcmp(spec->logits, plain->logits, sizeof(float) * (size_t)plain->n * plain->V))
+        fail_msg("%s k %d mode %d: logits differ", what, k, mode);
+    return gs;
+}
+
 static void test_lossless_greedy(void **state) {
     (void)state;
     const int n_gen = scaled(512), n_prompts = 20;
@@ -93,19 +123,10 @@ static void test_lossless_greedy(void **state) {
              * that acceptance, partial commits and window wraps inside a verify block all happen */
             for (int k = 1; k <= 6; k++) {
                 int mode = (pi + k) % 3;
-                    g4_generate_options od = {.max_new = n_gen, .drafter = d, .draft_k = k, .draft_fixed = 1};
-                    if (mode) {
-                        od.oracle = plain.tokens;
-                        od.n_oracle = plain.n;
-                        od.oracle_alpha = mode == 1 ? 0.6 : 0.95;
-                        od.oracle_seed = (uint64_t)(pi * 7 + k);
-                    }
-                    g4_generate_stats gs;
-                    run(s, prompt, n_prompt, &od, &spec, &gs);
-                    if (spec.n != plain.n || memcmp(spec.tokens, plain.tokens, sizeof(int32_t) * plain.n))
-                        fail_msg("%s prompt %d k %d mode %d: tokens differ", drafter_models[mi], pi, k, mode);
-                    if (memcmp(spec.logits, plain.logits, sizeof(float) * (size_t)plain.n * V))
-                        fail_msg("%s prompt %d k %d mode %d: logits differ", drafter_models[mi], pi, k, mode);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s prompt %d", drafter_models[mi], pi);
+                    g4_generate_stats gs =
+                        drafted_equals_plain(s, d, prompt, n_prompt, k, mode, (uint64_t)(pi * 7 + k), &plain, &spec, what);
                     accepted += gs.accepted;
                     drafted += gs.drafted;
                     if (mode == 2) assert_true(gs.accepted > gs.drafted / 2);
@@ -132,13 +153,7 @@ static void test_lossless_greedy(void **state) {
         assert_int_equal(plain.n, first + 1);
         assert_int_equal(g4_session_pos(s), pos_spec); /* the cache holds the same tokens */
         printf("%s: %ld of %ld drafts accepted over all runs\n", drafter_models[mi], accepted, drafted);
-        free(plain.tokens);
-        free(plain.logits);
-        free(spec.tokens);
-        free(spec.logits);
-        g4_session_free(s);
-        g4_drafter_free(d);
-        g4_model_free(m);
+        release(&plain, &spec, s, d, m);
     }
 }
 
@@ -166,29 +181,12 @@ static void test_lossless_bf16_kv(void **state) {
         long accepted = 0;
         for (int k = 1; k <= 5; k++)
             for (int mode = 0; mode < 3; mode++) {
-                g4_generate_options od = {.max_new = n_gen, .drafter = d, .draft_k = k, .draft_fixed = 1};
-                if (mode) {
-                    od.oracle = plain.tokens;
-                    od.n_oracle = plain.n;
-                    od.oracle_alpha = mode == 1 ? 0.6 : 0.95;
-                    od.oracle_seed = (uint64_t)(k * 3 + mode);
-                }
-                g4_generate_stats gs;
-                run(s, prompt, 20, &od, &spec, &gs);
-                if (spec.n != plain.n || memcmp(spec.tokens, plain.tokens, sizeof(int32_t) * plain.n))
-                    fail_msg("%s bf16 KV k %d mode %d: tokens differ", drafter_models[mi], k, mode);
-                if (memcmp(spec.logits, plain.logits, sizeof(float) * (size_t)plain.n * V))
-                    fail_msg("%s bf16 KV k %d mode %d: logits differ", drafter_models[mi], k, mode);
-                accepted += gs.accepted;
+                char what[96];
+                snprintf(what, sizeof what, "%s bf16 KV", drafter_models[mi]);
+                accepted += drafted_equals_plain(s, d, prompt, 20, k, mode, (uint64_t)(k * 3 + mode), &plain, &spec, what).accepted;
             }
         assert_true(accepted > 0);
-        free(plain.tokens);
-        free(plain.logits);
-        free(spec.tokens);
-        free(spec.logits);
-        g4_session_free(s);
-        g4_drafter_free(d);
-        g4_model_free(m);
+        release(&plain, &spec, s, d, m);
     }
 }
 
