@@ -45,7 +45,7 @@
     } while (0)
 
 enum { ST_MATVEC, ST_ATTN };
-enum { IN_EMBED, IN_SUM, IN_RESNORM, IN_GELUMUL, IN_GELU, IN_NONE };
+enum { IN_EMBED, IN_SUM, IN_RESNORM, IN_GELUMUL, IN_GELU };
 enum { W_BF16, W_Q4 };
 enum { M_PREFETCH = 1, M_STREAM_ONLY = 2, M_SYNC_ONLY = 4 };
 enum { KC = 64, MAXWARPS = 16, MAXHQ = 8 };
@@ -333,7 +333,7 @@ __device__ static inline unsigned long long argkey(float v, int row) {
 }
 
 /* attention: items (KV head g, chunk c); the last block of a head merges its chunks in order */
-__device__ static void attention(const Stage &s, const float *q, float *smf, Ctl *ctl) {
+__device__ static void attention(const Stage &s, const float *q, float *smf) {
     const int hq = s.nq / s.nkv, D = s.D, nc = (s.nkeys + KC - 1) / KC;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     float *sc = smf;                 /* [hq][KC] scores then weights */
@@ -493,7 +493,7 @@ __global__ void __launch_bounds__(512, 1)
             if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si + 1] = gtime();
         }
         if (s.kind == ST_ATTN) {
-            if (!(mode & M_STREAM_ONLY)) attention(s, xs, att, ctl);
+            if (!(mode & M_STREAM_ONLY)) attention(s, xs, att);
         } else if (!(mode & M_SYNC_ONLY)) {
             long i0, i1;
             warp_items(s, gw, nw, i0, i1);

@@ -53,23 +53,25 @@ static g4_model *load_model(const char *name) {
     return m;
 }
 
-/* All logits of the reference tokens, fed in caller-side pieces of `chunk` tokens. */
-static float *run_chunked(g4_model *m, const reference *r, int chunk, int threads, int max_batch) {
-    g4_model_info info;
-    g4_model_get_info(m, &info);
-    g4_session_options o = {.n_ctx = 128, .n_threads = threads, .max_batch = max_batch};
+/* All logits of n tokens, fed in caller-side pieces of `chunk` tokens. */
+static float *run_tokens(g4_model *m, const int32_t *tok, int n, int chunk, int threads, int max_batch, int kv_type) {
     g4_session *s = NULL;
     g4_error err = {0};
+    g4_session_options o = {.n_ctx = n + 8, .n_threads = threads, .max_batch = max_batch, .kv_type = kv_type};
     assert_int_equal(g4_session_create(m, &o, &s, &err), G4_OK);
-    float *lg = malloc(sizeof(float) * (size_t)r->n_tok * info.vocab);
-    for (int i = 0; i < r->n_tok; i += chunk) {
-        int n = r->n_tok - i < chunk ? r->n_tok - i : chunk;
-        if (g4_session_forward(s, r->tokens + i, n, G4_LOGITS_ALL, lg + (size_t)i * info.vocab, &err))
-            fail_msg("%s", err.message);
+    const int V = m->cfg.vocab;
+    float *lg = malloc(sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i += chunk) {
+        const int k = n - i < chunk ? n - i : chunk;
+        if (g4_session_forward(s, tok + i, k, G4_LOGITS_ALL, lg + (size_t)i * V, &err)) fail_msg("%s", err.message);
     }
-    assert_int_equal(g4_session_pos(s), r->n_tok);
+    assert_int_equal(g4_session_pos(s), n);
     g4_session_free(s);
     return lg;
+}
+
+static float *run_chunked(g4_model *m, const reference *r, int chunk, int threads, int max_batch) {
+    return run_tokens(m, r->tokens, r->n_tok, chunk, threads, max_batch, G4_KV_F32);
 }
 
 static void test_batch_invariance(void **state) {
@@ -203,20 +205,6 @@ static const char wide_json[] =
     " \"sliding_window\": 300, \"tie_word_embeddings\": true, \"vocab_size\": 512, \"enable_moe_block\": false,"
     " \"use_double_wide_mlp\": false}";
 
-static float *run_tokens(g4_model *m, const int32_t *tok, int n, int chunk, int threads, int kv_type) {
-    g4_session *s = NULL;
-    g4_error err = {0};
-    g4_session_options o = {.n_ctx = n + 8, .n_threads = threads, .max_batch = 64, .kv_type = kv_type};
-    assert_int_equal(g4_session_create(m, &o, &s, &err), G4_OK);
-    const int V = m->cfg.vocab;
-    float *lg = malloc(sizeof(float) * (size_t)n * V);
-    for (int i = 0; i < n; i += chunk) {
-        const int k = n - i < chunk ? n - i : chunk;
-        if (g4_session_forward(s, tok + i, k, G4_LOGITS_ALL, lg + (size_t)i * V, &err)) fail_msg("%s", err.message);
-    }
-    g4_session_free(s);
-    return lg;
-}
 
 static void test_wide_groups(void **state) {
     (void)state;
@@ -233,10 +221,10 @@ static void test_wide_groups(void **state) {
         tok[i] = 3 + (int32_t)((x >> 8) % 509u);
     }
     for (int kv = G4_KV_F32; kv <= G4_KV_BF16; kv++) {
-        float *base = run_tokens(m, tok, N, 64, 1, kv);
+        float *base = run_tokens(m, tok, N, 64, 1, 64, kv);
         const int runs[][2] = {{1, 2}, {1, 3}, {4, 2}, {7, 3}, {64, 2}};
         for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
-            float *lg = run_tokens(m, tok, N, runs[r][0], runs[r][1], kv);
+            float *lg = run_tokens(m, tok, N, runs[r][0], runs[r][1], 64, kv);
             if (memcmp(lg, base, sizeof(float) * (size_t)N * m->cfg.vocab))
                 fail_msg("kv type %d, chunk %d, %d threads: logits differ", kv, runs[r][0], runs[r][1]);
             free(lg);
@@ -261,10 +249,10 @@ static void test_kv_bf16(void **state) {
         load_reference(names[k], &r);
         g4_model *m = load_model(names[k]);
         const int V = m->cfg.vocab, n = r.n_tok;
-        float *f32 = run_tokens(m, r.tokens, n, 64, 2, G4_KV_F32), *base = run_tokens(m, r.tokens, n, 64, 1, G4_KV_BF16);
+        float *f32 = run_tokens(m, r.tokens, n, 64, 2, 64, G4_KV_F32), *base = run_tokens(m, r.tokens, n, 64, 1, 64, G4_KV_BF16);
         const int runs[][2] = {{1, 1}, {1, 2}, {3, 2}, {7, 1}};
         for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-            float *lg = run_tokens(m, r.tokens, n, runs[i][0], runs[i][1], G4_KV_BF16);
+            float *lg = run_tokens(m, r.tokens, n, runs[i][0], runs[i][1], 64, G4_KV_BF16);
             if (memcmp(lg, base, sizeof(float) * (size_t)n * V))
                 fail_msg("%s, bf16 KV: chunk %d, %d threads: logits differ", names[k], runs[i][0], runs[i][1]);
             free(lg);

@@ -14,7 +14,7 @@
 /* Attention work split (attention_range): keys in chunks of ATT_CHUNK absolute positions, query
  * heads of one KV head in sub-groups of at most ATT_SUB (att_pick_sub); per-thread scratch: the
  * sub-group's scores of a chunk, its running output and one chunk's output. */
-enum { ATT_CHUNK = 256, ATT_SUB = 8, ATT_SPLIT_M = 4 };
+enum { ATT_CHUNK = 256, ATT_SUB = 8, ATT_SUB_PROMPT = 4, ATT_SPLIT_M = 4 };
 #define ATT_TINY 0x1p-40f
 #define ATT_SCRATCH(dmax) ((size_t)ATT_SUB * ATT_CHUNK + 2 * (size_t)ATT_SUB * (size_t)(dmax))
 static inline int att_sub(int group, int most) {
@@ -36,6 +36,9 @@ static void *zalloc(size_t n, int *fail) {
     return p;
 }
 
+/* bytes per cached K or V element */
+static inline size_t kv_es(const g4_state *s) { return s->kv_bf16 ? sizeof(uint16_t) : sizeof(float); }
+
 /* bytes of one layer's K (or V) cache of cap rows, rounded up to a cache line */
 static size_t cache_bytes(const g4_layer_config *l, int cap, size_t es) {
     return ((size_t)l->n_kv_heads * l->head_dim * (size_t)cap * es + 63) & ~(size_t)63;
@@ -45,7 +48,7 @@ g4_status g4_state_init(g4_state *s, const g4_model *m, int n_ctx, int max_batch
                         g4_error *err) {
     memset(s, 0, sizeof *s);
     s->kv_bf16 = kv_bf16 != 0;
-    const size_t es = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t es = kv_es(s);
     const g4_config *c = &m->cfg;
     int L = c->n_layers, H = c->hidden, B = max_batch, fail = 0;
     s->m = m;
@@ -181,10 +184,9 @@ void g4_state_free(g4_state *s) {
 void g4_state_commit(g4_state *s, int n) {
     const g4_config *c = &s->m->cfg;
     if (n > s->n_staged) n = s->n_staged;
-    const size_t es = s->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int i = 0; i < c->n_layers; i++) {
         if (!s->k_cache[i]) continue;
-        const size_t rb = (size_t)c->layers[i].n_kv_heads * c->layers[i].head_dim * es;
+        const size_t rb = (size_t)c->layers[i].n_kv_heads * c->layers[i].head_dim * kv_es(s);
         const uint8_t *ks = s->kv_bf16 ? (const uint8_t *)s->k_stage16[i] : (const uint8_t *)s->k_stage[i];
         const uint8_t *vs = s->kv_bf16 ? (const uint8_t *)s->v_stage16[i] : (const uint8_t *)s->v_stage[i];
         for (int r = 0; r < n; r++) {
@@ -216,7 +218,7 @@ static void dump_rows(const g4_state *s, const char *name, int layer, int M, con
 /* K (v = 0) or V (v = 1) row of absolute position j for layer `src`, as attention reads it (floats,
  * or bf16 with kv_bf16): staged rows first, else the cache. */
 static inline const void *kv_row(const g4_state *s, int v, int src, int j, size_t row) {
-    const size_t rb = row * (s->kv_bf16 ? sizeof(uint16_t) : sizeof(float));
+    const size_t rb = row * kv_es(s);
     if (j >= s->stage_pos) {
         const void *st = s->kv_bf16 ? (const void *)(v ? s->v_stage16 : s->k_stage16)[src]
                                     : (const void *)(v ? s->v_stage : s->k_stage)[src];
@@ -259,10 +261,8 @@ static void att_chunk(const attn_job *j, float *sc, int m, int g, int h0, int nh
     for (int k = kb; k <= ke;) {
         int run = kv_run(s, j->src, k, p);
         if (run > ke - k + 1) run = ke - k + 1;
-        const int bf = s->kv_bf16;
-        g4_mat km = g4_mat_dense(bf ? G4_DT_BF16 : G4_DT_F32, run, d,
-                                 (const uint8_t *)kv_row(s, 0, j->src, k, row) + off * (bf ? sizeof(uint16_t) : sizeof(float)));
-        km.row_bytes = row * (bf ? sizeof(uint16_t) : sizeof(float));
+        g4_mat km = g4_mat_dense(s->kv_bf16 ? G4_DT_BF16 : G4_DT_F32, run, d, (const uint8_t *)kv_row(s, 0, j->src, k, row) + off * kv_es(s));
+        km.row_bytes = row * kv_es(s);
         g4_matmul_isa(j->isa, NULL, &km, q0, nh, sc + (k - kb), ATT_CHUNK);
         k += run;
     }
@@ -410,9 +410,9 @@ static void attention_split_range(void *ctx, int i0, int i1, int tid) {
  * count freely. */
 static int att_pick_sub(const g4_state *s, const g4_layer_config *l, int M, int threads) {
     const int group = s->m->cfg.n_heads / l->n_kv_heads;
-    if (M > ATT_SPLIT_M) return att_sub(group, 4);
+    if (M > ATT_SPLIT_M) return att_sub(group, ATT_SUB_PROMPT);
     int sub = att_sub(group, ATT_SUB);
-    while (sub > 4 && att_split_items(s, l, M, sub) < 2 * threads) sub = (sub + 1) / 2;
+    while (sub > ATT_SUB_PROMPT && att_split_items(s, l, M, sub) < 2 * threads) sub = (sub + 1) / 2;
     return sub;
 }
 
