@@ -20,7 +20,8 @@
  *
  * Modes (--modes, a comma list of bit sets): bit 0 = issue the next stages' copies before the
  * barrier; bit 1 = stream and multiply only (no barriers, inputs, attention: the streaming bound);
- * bit 2 = no weights (barriers, inputs and attention only: the synchronisation floor).
+ * bit 2 = no weights (barriers, inputs and attention only: the synchronisation floor); bit 3 = no
+ * inputs and no attention (with bit 2: the grid barriers alone).
  * --check runs one token of a truncated model (--layers) and compares every stage's output with a
  * double-precision host reference of the same operations.
  *
@@ -47,8 +48,8 @@
 enum { ST_MATVEC, ST_ATTN };
 enum { IN_EMBED, IN_SUM, IN_RESNORM, IN_GELUMUL, IN_GELU };
 enum { W_BF16, W_Q4 };
-enum { M_PREFETCH = 1, M_STREAM_ONLY = 2, M_SYNC_ONLY = 4 };
-enum { KC = 64, MAXWARPS = 16, MAXHQ = 8 };
+enum { M_PREFETCH = 1, M_STREAM_ONLY = 2, M_SYNC_ONLY = 4, M_NO_WORK = 8 };
+enum { KCMAX = 128, ATT_SM = KCMAX + 8, MAXWARPS = 16 };
 
 struct Stage {
     int kind, in_op;
@@ -67,10 +68,10 @@ struct Stage {
     const float *res_in;
     float *res_out;
     /* attention */
-    int nq, nkv, D, nkeys;
-    const float *kc, *vc; /* [nkv][nkeys][D] */
-    float *part;          /* [nkv][nchunks][hq][D + 2] */
-    unsigned *cnt;        /* [nkv] */
+    int nq, nkv, D, nkeys, kc; /* kc: keys per chunk (16..KCMAX) */
+    const float *kc_, *vc; /* [nkv][nkeys][D] */
+    float *part;          /* [nq][nchunks][D + 2] */
+    unsigned *cnt;        /* [nq] */
 };
 
 struct Ctl {
@@ -201,21 +202,34 @@ __device__ static float block_sum(float v, float *red) {
 /* ---------------------------------------------------------------- stage pieces */
 
 /* Activations written by other blocks earlier in the same launch are read around L1 (which is not
- * coherent between SMs): ld.global.cg. */
-__device__ static inline float src_at(const Stage &s, int k) {
-    float v = 0.0f;
-    for (int g = 0; g < s.src_S; g++) v += __ldcg(s.src + (size_t)g * s.src_N + k);
-    return v;
+ * coherent between SMs): ld.global.cg. Each thread sums the partials of U elements at a time, so
+ * U loads per segment are in flight together instead of one L2 round trip after another. */
+enum { U = 8 };
+__device__ static inline void src_sum(const Stage &s, int k0, float v[U], int two, int off) {
+    const int bd = blockDim.x;
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = 0.0f;
+    for (int g = 0; g < s.src_S; g++) {
+        const float *p = s.src + (size_t)g * s.src_N + off;
+        float t[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int k = k0 + u * bd;
+            t[u] = k < s.K ? (two ? __ldcg(p + 2 * k) : __ldcg(p + k)) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) v[u] += t[u];
+    }
 }
 
 /* the stage's input vector into xs[0..K) (block-wide) */
 __device__ static void build_input(const Stage &s, float *xs, float *red, Ctl *ctl, const uint16_t *embed) {
-    const int K = s.K;
+    const int K = s.K, bd = blockDim.x;
     switch (s.in_op) {
     case IN_EMBED: {
         const int tok = ctl->tok;
         const float sc = sqrtf((float)K);
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        for (int k = threadIdx.x; k < K; k += bd) {
             const float v = bf2f(embed[(size_t)tok * K + k]) * sc;
             xs[k] = v;
             if (blockIdx.x == 0 && s.res_out) s.res_out[k] = v;
@@ -223,41 +237,67 @@ __device__ static void build_input(const Stage &s, float *xs, float *red, Ctl *c
         break;
     }
     case IN_SUM:
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = src_at(s, k);
-        break;
     case IN_GELUMUL:
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] = gelu(src_at(s, k)) * __ldcg(s.mul + k);
+        for (int k0 = threadIdx.x; k0 < K; k0 += U * bd) {
+            float v[U], mu[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * bd;
+                mu[u] = s.in_op == IN_GELUMUL && k < K ? __ldcg(s.mul + k) : 1.0f;
+            }
+            src_sum(s, k0, v, 0, 0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * bd;
+                if (k < K) xs[k] = s.in_op == IN_GELUMUL ? gelu(v[u]) * mu[u] : v[u];
+            }
+        }
         break;
     case IN_GELU:
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            float g = 0.0f, u = 0.0f;
-            for (int q = 0; q < s.src_S; q++) {
-                g += __ldcg(s.src + (size_t)q * s.src_N + 2 * k);
-                u += __ldcg(s.src + (size_t)q * s.src_N + 2 * k + 1);
+        for (int k0 = threadIdx.x; k0 < K; k0 += U * bd) {
+            float g[U], u_[U];
+            src_sum(s, k0, g, 1, 0);
+            src_sum(s, k0, u_, 1, 1);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * bd;
+                if (k < K) xs[k] = gelu(g[u]) * u_[u];
             }
-            xs[k] = gelu(g) * u;
         }
         break;
     case IN_RESNORM: {
         /* r = res + rms(Σ src); x = rms(r) */
         float ss = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const float v = src_at(s, k);
-            xs[k] = v;
-            ss = fmaf(v, v, ss);
+        for (int k0 = threadIdx.x; k0 < K; k0 += U * bd) {
+            float v[U], r[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * bd;
+                r[u] = k < K ? __ldcg(s.res_in + k) : 0.0f;
+            }
+            src_sum(s, k0, v, 0, 0);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int k = k0 + u * bd;
+                if (k < K) {
+                    xs[k] = v[u];
+                    xs[K + k] = r[u]; /* the residual beside the input (xs holds 2K floats) */
+                    ss = fmaf(v[u], v[u], ss);
+                }
+            }
         }
         ss = block_sum(ss, red);
         const float a = rsqrtf(ss / K + 1e-6f);
         float s2 = 0.0f;
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            const float r = fmaf(xs[k], a, __ldcg(s.res_in + k));
+        for (int k = threadIdx.x; k < K; k += bd) {
+            const float r = fmaf(xs[k], a, xs[K + k]);
             xs[k] = r;
             s2 = fmaf(r, r, s2);
             if (blockIdx.x == 0) s.res_out[k] = r;
         }
         s2 = block_sum(s2, red);
         const float b = rsqrtf(s2 / K + 1e-6f);
-        for (int k = threadIdx.x; k < K; k += blockDim.x) xs[k] *= b;
+        for (int k = threadIdx.x; k < K; k += bd) xs[k] *= b;
         break;
     }
     default:
@@ -267,23 +307,24 @@ __device__ static void build_input(const Stage &s, float *xs, float *red, Ctl *c
 }
 
 /* the warp's item range of a matvec stage */
-__device__ static inline void warp_items(const Stage &s, int gw, int nw, long &i0, long &i1) {
+__device__ static inline void warp_items(const Stage &s, int gw, int nw, int &i0, int &i1) {
     const long T = (long)s.S * s.N;
-    i0 = T * gw / nw;
-    i1 = T * (gw + 1) / nw;
+    i0 = (int)(T * gw / nw);
+    i1 = (int)(T * (gw + 1) / nw);
 }
 
-/* one item's dot product(s) from a slot: the row's, or a pair's gate and up */
-__device__ static inline float2 item_dot(const Stage &s, const uint8_t *p, const float *x, long item) {
-    const int lane = threadIdx.x & 31, E = s.E;
-    const int row = (int)(item % s.N), seg = (int)(item / s.N);
-    const float *xp = x + (size_t)seg * E;
-    float r[2];
-    const int np = s.pair ? 2 : 1;
-    for (int q = 0; q < np; q++) {
+/* an item's per-lane partial dot product(s) from a slot: the row's, or a pair's gate and up
+ * (xp: the input at the item's segment) */
+__device__ static inline float2 item_partial(int wt, int pair, int E, const uint8_t *p, const float *xp) {
+    const int lane = threadIdx.x & 31;
+    float r[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        if (q && !pair) break;
         float a0 = 0.0f, a1 = 0.0f;
-        if (s.wt == W_BF16) {
+        if (wt == W_BF16) {
             const uint4 *wp = (const uint4 *)(p + (size_t)q * E * 2);
+#pragma unroll 4
             for (int c = lane; c < E / 8; c += 32) {
                 const uint4 w = wp[c];
                 const float4 x0 = *(const float4 *)(xp + 8 * c), x1 = *(const float4 *)(xp + 8 * c + 4);
@@ -299,6 +340,7 @@ __device__ static inline float2 item_dot(const Stage &s, const uint8_t *p, const
         } else {
             /* 16 codes (8 bytes) per piece: byte b holds elements 2b (low nibble), 2b+1 (high) */
             const uint2 *wp = (const uint2 *)(p + (size_t)q * E / 2);
+#pragma unroll 4
             for (int c = lane; c < E / 16; c += 32) {
                 const uint2 w = wp[c];
                 const float *xc = xp + 16 * c;
@@ -319,11 +361,20 @@ __device__ static inline float2 item_dot(const Stage &s, const uint8_t *p, const
                 }
             }
         }
-        float v = warp_sum(a0 + a1);
-        if (s.wt == W_Q4) v *= __ldg(s.sc + (size_t)(s.pair ? 2 * row + q : row));
-        r[q] = v;
+        r[q] = a0 + a1;
     }
-    return make_float2(r[0], s.pair ? r[1] : 0.0f);
+    return make_float2(r[0], r[1]);
+}
+
+/* two items' partials summed over the warp together (interleaved butterflies) */
+__device__ static inline void warp_sum4(float4 &v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+        v.z += __shfl_xor_sync(0xffffffffu, v.z, o);
+        v.w += __shfl_xor_sync(0xffffffffu, v.w, o);
+    }
 }
 
 __device__ static inline unsigned long long argkey(float v, int row) {
@@ -332,94 +383,93 @@ __device__ static inline unsigned long long argkey(float v, int row) {
     return ((unsigned long long)u << 32) | (unsigned)(~(unsigned)row);
 }
 
-/* attention: items (KV head g, chunk c); the last block of a head merges its chunks in order */
+/* attention: items (query head h, chunk c of s.kc keys), so that short contexts still spread over
+ * the grid (E2B has one KV head); the last block to finish one of a head's chunks merges the
+ * head's partial softmax sums in chunk order (no extra barrier) */
 __device__ static void attention(const Stage &s, const float *q, float *smf) {
-    const int hq = s.nq / s.nkv, D = s.D, nc = (s.nkeys + KC - 1) / KC;
+    const int hq = s.nq / s.nkv, D = s.D, kc = s.kc, nc = (s.nkeys + kc - 1) / kc;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    float *sc = smf;                 /* [hq][KC] scores then weights */
-    float *ml = smf + MAXHQ * KC;    /* [hq][2] */
-    int *flag = (int *)(ml + 2 * MAXHQ);
+    float *sc = smf;          /* [kc] scores, then weights */
+    float *ml = smf + KCMAX;  /* max, sum */
+    int *flag = (int *)(ml + 2);
     const float scale = rsqrtf((float)D);
-    for (int it = blockIdx.x; it < s.nkv * nc; it += gridDim.x) {
-        const int g = it / nc, c = it % nc, j0 = c * KC, nj = min(KC, s.nkeys - j0);
-        const float *kb = s.kc + ((size_t)g * s.nkeys + j0) * D, *vb = s.vc + ((size_t)g * s.nkeys + j0) * D;
+    for (int it = blockIdx.x; it < s.nq * nc; it += gridDim.x) {
+        const int h = it / nc, c = it % nc, g = h / hq, j0 = c * kc, nj = min(kc, s.nkeys - j0);
+        const float *kb = s.kc_ + ((size_t)g * s.nkeys + j0) * D, *vb = s.vc + ((size_t)g * s.nkeys + j0) * D;
+        float qv[16];
+#pragma unroll
+        for (int e = 0; e < 16; e++) qv[e] = (e * 32 < D) ? q[(size_t)h * D + e * 32 + lane] : 0.0f;
         for (int j = warp; j < nj; j += nw) {
             const float *kr = kb + (size_t)j * D;
-            float kv[16];
+            float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
-            for (int e = 0; e < 16; e++) kv[e] = (e * 32 < D) ? kr[e * 32 + lane] : 0.0f;
-            for (int h = 0; h < hq; h++) {
-                const float *qh = q + (size_t)(g * hq + h) * D;
-                float a = 0.0f;
-#pragma unroll
-                for (int e = 0; e < 16; e++)
-                    if (e * 32 < D) a = fmaf(qh[e * 32 + lane], kv[e], a);
-                a = warp_sum(a);
-                if (lane == 0) sc[h * KC + j] = a * scale;
+            for (int e = 0; e < 16; e += 2) {
+                if (e * 32 < D) a0 = fmaf(qv[e], __ldg(kr + e * 32 + lane), a0);
+                if ((e + 1) * 32 < D) a1 = fmaf(qv[e + 1], __ldg(kr + (e + 1) * 32 + lane), a1);
             }
+            const float a = warp_sum(a0 + a1);
+            if (lane == 0) sc[j] = a * scale;
         }
         __syncthreads();
-        for (int h = warp; h < hq; h += nw) {
+        if (warp == 0) {
             float m = -INFINITY;
-            for (int j = lane; j < nj; j += 32) m = fmaxf(m, sc[h * KC + j]);
+            for (int j = lane; j < nj; j += 32) m = fmaxf(m, sc[j]);
             m = warp_max(m);
             float l = 0.0f;
             for (int j = lane; j < nj; j += 32) {
-                const float p = __expf(sc[h * KC + j] - m);
-                sc[h * KC + j] = p;
+                const float p = __expf(sc[j] - m);
+                sc[j] = p;
                 l += p;
             }
             l = warp_sum(l);
             if (lane == 0) {
-                ml[2 * h] = m;
-                ml[2 * h + 1] = l;
+                ml[0] = m;
+                ml[1] = l;
             }
         }
         __syncthreads();
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float o[MAXHQ];
-#pragma unroll
-            for (int h = 0; h < MAXHQ; h++) o[h] = 0.0f;
-            for (int j = 0; j < nj; j++) {
-                const float v = vb[(size_t)j * D + d];
-#pragma unroll
-                for (int h = 0; h < MAXHQ; h++)
-                    if (h < hq) o[h] = fmaf(sc[h * KC + j], v, o[h]);
+            float o0 = 0.0f, o1 = 0.0f;
+            int j = 0;
+            for (; j + 1 < nj; j += 2) {
+                o0 = fmaf(sc[j], __ldg(vb + (size_t)j * D + d), o0);
+                o1 = fmaf(sc[j + 1], __ldg(vb + (size_t)(j + 1) * D + d), o1);
             }
-            for (int h = 0; h < hq; h++) {
-                if (nc == 1) {
-                    s.out[(size_t)(g * hq + h) * D + d] = o[h] / ml[2 * h + 1];
-                } else {
-                    float *pp = s.part + (((size_t)g * nc + c) * hq + h) * (D + 2);
-                    pp[2 + d] = o[h];
-                    if (d == 0) {
-                        pp[0] = ml[2 * h];
-                        pp[1] = ml[2 * h + 1];
-                    }
+            if (j < nj) o0 = fmaf(sc[j], __ldg(vb + (size_t)j * D + d), o0);
+            const float o = o0 + o1;
+            if (nc == 1) {
+                s.out[(size_t)h * D + d] = o / ml[1];
+            } else {
+                float *pp = s.part + ((size_t)h * nc + c) * (D + 2);
+                pp[2 + d] = o;
+                if (d == 0) {
+                    pp[0] = ml[0];
+                    pp[1] = ml[1];
                 }
             }
         }
         if (nc > 1) {
             __threadfence();
             __syncthreads();
-            if (threadIdx.x == 0) *flag = atomicAdd(&s.cnt[g], 1u) == (unsigned)nc - 1;
+            if (threadIdx.x == 0) *flag = atomicAdd(&s.cnt[h], 1u) == (unsigned)nc - 1;
             __syncthreads();
             if (*flag) {
                 __threadfence();
-                for (int hd = threadIdx.x; hd < hq * D; hd += blockDim.x) {
-                    const int h = hd / D, d = hd % D;
+                const float *ph = s.part + (size_t)h * nc * (D + 2);
+                for (int d = threadIdx.x; d < D; d += blockDim.x) {
                     float m = -INFINITY;
-                    for (int cc = 0; cc < nc; cc++) m = fmaxf(m, __ldcg(s.part + (((size_t)g * nc + cc) * hq + h) * (D + 2)));
+                    for (int cc = 0; cc < nc; cc++) m = fmaxf(m, __ldcg(ph + (size_t)cc * (D + 2)));
                     float l = 0.0f, o = 0.0f;
+#pragma unroll 4
                     for (int cc = 0; cc < nc; cc++) {
-                        const float *pp = s.part + (((size_t)g * nc + cc) * hq + h) * (D + 2);
+                        const float *pp = ph + (size_t)cc * (D + 2);
                         const float f = __expf(__ldcg(pp) - m);
                         l = fmaf(__ldcg(pp + 1), f, l);
                         o = fmaf(__ldcg(pp + 2 + d), f, o);
                     }
-                    s.out[(size_t)(g * hq + h) * D + d] = o / l;
+                    s.out[(size_t)h * D + d] = o / l;
                 }
-                if (threadIdx.x == 0) s.cnt[g] = 0;
+                if (threadIdx.x == 0) s.cnt[h] = 0;
             }
         }
         __syncthreads();
@@ -429,20 +479,24 @@ __device__ static void attention(const Stage &s, const float *q, float *smf) {
 /* ---------------------------------------------------------------- the kernel */
 
 struct Cursor {
-    int st;    /* stage of the next copy to issue (nst: none left) */
-    long it;   /* its first item */
-    long end;  /* the warp's item end in that stage */
+    int st;             /* stage of the next copy to issue (nst: none left) */
+    int it, end;        /* its first item; the warp's item end in that stage */
+    int ib, cpi;        /* that stage's item bytes and items per slot */
+    const uint8_t *w;   /* and its weights */
 };
 
 __device__ static inline void cursor_seek(Cursor &c, const Stage *stages, int nst, int from, int gw, int nw, int mode) {
     for (c.st = from; c.st < nst; c.st++) {
         const Stage &s = stages[c.st];
         if (s.kind != ST_MATVEC || (mode & M_SYNC_ONLY)) continue;
-        long i0, i1;
+        int i0, i1;
         warp_items(s, gw, nw, i0, i1);
         if (i1 > i0) {
             c.it = i0;
             c.end = i1;
+            c.ib = s.ib;
+            c.cpi = s.cpi;
+            c.w = s.w;
             return;
         }
     }
@@ -455,8 +509,8 @@ __global__ void __launch_bounds__(512, 1)
     const int gw = blockIdx.x * wpb + warp, nw = gridDim.x * wpb;
     float *xs = (float *)sm;
     float *red = xs + (xmax + 31) / 32 * 32;         /* [32]; xs padded: the mbarriers 8-, the ring 16-byte aligned */
-    float *att = red + 32;                           /* MAXHQ*KC + 2*MAXHQ + 4 */
-    uint64_t *mbs = (uint64_t *)(att + MAXHQ * KC + 2 * MAXHQ + 8);
+    float *att = red + 32;                           /* ATT_SM */
+    uint64_t *mbs = (uint64_t *)(att + ATT_SM);
     uint8_t *ring = (uint8_t *)(mbs + MAXWARPS * 16);
     uint64_t *mb = mbs + warp * 16;
     uint8_t *myring = ring + (size_t)warp * nslot * slot;
@@ -473,11 +527,10 @@ __global__ void __launch_bounds__(512, 1)
     /* issue copies while slots are free; stage-limited unless prefetching across barriers */
     auto issue = [&](int limit_st) {
         while (cur.st < nst && cur.st <= limit_st && issued - consumed < (unsigned)nslot) {
-            const Stage &s = stages[cur.st];
-            const long n = min((long)s.cpi, cur.end - cur.it);
+            const int n = min(cur.cpi, cur.end - cur.it);
             const unsigned k = issued % nslot;
             __syncwarp();
-            if (lane == 0) bulk_copy(myring + (size_t)k * slot, s.w + (size_t)cur.it * s.ib, (unsigned)(n * s.ib), mb + k);
+            if (lane == 0) bulk_copy(myring + (size_t)k * slot, cur.w + (size_t)cur.it * cur.ib, (unsigned)(n * cur.ib), mb + k);
             issued++;
             cur.it += n;
             if (cur.it >= cur.end) cursor_seek(cur, stages, nst, cur.st + 1, gw, nw, mode);
@@ -489,39 +542,91 @@ __global__ void __launch_bounds__(512, 1)
         if (!(mode & M_STREAM_ONLY)) {
             if (si > 0) grid_sync(ctl, gen);
             if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si] = gtime();
-            build_input(s, xs, red, ctl, embed);
+            if (!(mode & M_NO_WORK)) build_input(s, xs, red, ctl, embed);
             if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si + 1] = gtime();
         }
         if (s.kind == ST_ATTN) {
-            if (!(mode & M_STREAM_ONLY)) attention(s, xs, att);
+            if (!(mode & (M_STREAM_ONLY | M_NO_WORK))) attention(s, xs, att);
         } else if (!(mode & M_SYNC_ONLY)) {
-            long i0, i1;
+            /* the stage's fields in registers: the output stores below may not alias them */
+            const int N = s.N, E = s.E, ib = s.ib, cpi = s.cpi, wt = s.wt, pair = s.pair, both = s.pair && s.S > 1,
+                      am = s.argmax;
+            const float *scl = s.sc;
+            float *out = s.out;
+            int i0, i1;
             warp_items(s, gw, nw, i0, i1);
-            for (long it = i0; it < i1; it += s.cpi) {
+            int row = i0 % N, seg = i0 / N;
+            for (int it = i0; it < i1; it += cpi) {
                 issue((mode & M_PREFETCH) ? nst : si);
                 const unsigned k = consumed % nslot;
                 mb_wait(mb + k, (consumed / nslot) & 1, ctl);
                 const uint8_t *p = myring + (size_t)k * slot;
-                const long n = min((long)s.cpi, i1 - it);
-                for (long j = 0; j < n; j++) {
-                    const float2 r = item_dot(s, p + (size_t)j * s.ib, xs, it + j);
-                    const float v = s.pair && s.S == 1 ? gelu(r.x) * r.y : r.x;
+                const int n = min(cpi, i1 - it);
+                /* 4-bit rows: the slot's scales, one per lane, loaded before the products so that
+                 * their latency overlaps them (lane t: item t, or t / 2 and its half for pairs) */
+                float sv = 1.0f;
+                const int row0 = row;
+                if (wt == W_Q4) {
+                    const int t = pair ? lane >> 1 : lane;
+                    if (t < n) {
+                        const int rr = (row + t) % N;
+                        sv = __ldg(scl + (pair ? 2 * rr + (lane & 1) : rr));
+                    }
+                }
+                for (int j = 0; j < n; j += 2) {
+                    /* two items at a time: independent chains, one interleaved reduction */
+                    const int row2 = row + 1 == N ? 0 : row + 1, seg2 = row + 1 == N ? seg + 1 : seg;
+                    const float2 pa = item_partial(wt, pair, E, p + (size_t)j * ib, xs + (size_t)seg * E);
+                    float2 pb = make_float2(0.0f, 0.0f);
+                    if (j + 1 < n) pb = item_partial(wt, pair, E, p + (size_t)(j + 1) * ib, xs + (size_t)seg2 * E);
+                    float4 r = make_float4(pa.x, pa.y, pb.x, pb.y);
+                    warp_sum4(r);
+                    if (wt == W_Q4) {
+                        /* the scales of items j, j + 1 from the lanes that loaded them (or loaded now) */
+                        const int f = pair ? 2 : 1;
+                        float s4[4];
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int t = j + (e >> 1), h = e & 1, src = f * t + h;
+                            const float v = __shfl_sync(0xffffffffu, sv, src & 31);
+                            s4[e] = (h && !pair) || t >= n ? 1.0f
+                                    : src < 32 ? v
+                                               : __ldg(scl + (pair ? 2 * ((row0 + t) % N) + h : (row0 + t) % N));
+                        }
+                        r.x *= s4[0];
+                        r.y *= s4[1];
+                        r.z *= s4[2];
+                        r.w *= s4[3];
+                    }
                     if (lane == 0) {
-                        if (s.pair && s.S > 1) {
-                            s.out[2 * (it + j)] = r.x;
-                            s.out[2 * (it + j) + 1] = r.y;
-                        } else {
-                            s.out[it + j] = v;
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            if (q && j + 1 >= n) break;
+                            const int item = it + j + q;
+                            const float g = q ? r.z : r.x, u = q ? r.w : r.y;
+                            if (both) {
+                                out[2 * item] = g;
+                                out[2 * item + 1] = u;
+                            } else {
+                                const float v = pair ? gelu(g) * u : g;
+                                out[item] = v;
+                                if (am) {
+                                    const unsigned long long key = argkey(v, item);
+                                    best = key > best ? key : best;
+                                }
+                            }
                         }
-                        if (s.argmax) {
-                            const unsigned long long key = argkey(v, (int)(it + j));
-                            best = key > best ? key : best;
-                        }
+                    }
+                    row = row2;
+                    seg = seg2;
+                    if (j + 1 < n) {
+                        seg = row + 1 == N ? seg + 1 : seg;
+                        row = row + 1 == N ? 0 : row + 1;
                     }
                 }
                 consumed++;
             }
-            if (s.argmax && lane == 0) atomicMax(&ctl->best, best);
+            if (am && lane == 0) atomicMax(&ctl->best, best);
             issue((mode & M_PREFETCH) ? nst : si);
         }
         if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si + 2] = gtime();
@@ -671,7 +776,7 @@ static void link(Stage &s, const Stage &from) {
     if (from.pair && from.S > 1) s.in_op = IN_GELU;
 }
 
-static Model build(const Arch &a, int wt, int ctx, int layers, int slot, int nwarps) {
+static Model build(const Arch &a, int wt, int ctx, int layers, int slot, int nwarps, int nblocks) {
     Model m;
     m.wbytes = 0;
     m.xmax = 0;
@@ -728,12 +833,15 @@ static Model build(const Arch &a, int wt, int ctx, int layers, int slot, int nwa
             kv_src_k[full] = k;
             kv_src_v[full] = v;
         }
-        at.kc = kv_src_k[full];
+        at.kc_ = kv_src_k[full];
         at.vc = kv_src_v[full];
-        const int nc = (at.nkeys + KC - 1) / KC;
-        at.part = (float *)dalloc(m, 4 * (size_t)nkv * nc * (a.nq / nkv) * (D + 2));
-        at.cnt = (unsigned *)dalloc(m, 4 * (size_t)nkv);
-        CK(cudaMemset(at.cnt, 0, 4 * (size_t)nkv));
+        /* chunks: the fewest (16..KCMAX keys) that still give about two items per block */
+        at.kc = 16;
+        while (at.kc < KCMAX && (long)a.nq * ((at.nkeys + at.kc - 1) / at.kc) > 2L * nblocks) at.kc *= 2;
+        const int nc = (at.nkeys + at.kc - 1) / at.kc;
+        at.part = (float *)dalloc(m, 4 * (size_t)a.nq * nc * (D + 2));
+        at.cnt = (unsigned *)dalloc(m, 4 * (size_t)a.nq);
+        CK(cudaMemset(at.cnt, 0, 4 * (size_t)a.nq));
         at.out = (float *)dalloc(m, 4 * (size_t)qrows);
         m.st.push_back(at);
         m.tags.push_back(0);
@@ -776,7 +884,10 @@ static Model build(const Arch &a, int wt, int ctx, int layers, int slot, int nwa
         exit(1);
     }
     m.st.push_back(head);
-    for (auto &s : m.st) m.xmax = s.K > m.xmax ? s.K : m.xmax;
+    for (auto &s : m.st) {
+        const int need = s.in_op == IN_RESNORM ? 2 * s.K : s.K; /* the residual beside the input */
+        m.xmax = need > m.xmax ? need : m.xmax;
+    }
     CK(cudaDeviceSynchronize());
     return m;
 }
@@ -837,7 +948,7 @@ static int check(Model &m, const Arch &a, int dev_tok) {
             const int hq = s.nq / s.nkv, D = s.D;
             ref[si].assign((size_t)s.nq * D, 0.0);
             std::vector<float> kc((size_t)s.nkv * s.nkeys * D), vc(kc.size());
-            CK(cudaMemcpy(kc.data(), s.kc, 4 * kc.size(), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(kc.data(), s.kc_, 4 * kc.size(), cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(vc.data(), s.vc, 4 * vc.size(), cudaMemcpyDeviceToHost));
             for (int h = 0; h < s.nq; h++) {
                 const int g = h / hq;
@@ -998,13 +1109,15 @@ int main(int argc, char **argv) {
                 const int ctx = ctxs[ci];
                 /* shared memory: the input vector, scratch, mbarriers, the rings */
                 int xmax_guess = a->mlp2 > a->nq * 512 ? a->mlp2 : a->nq * 512;
-                const int fixed = 4 * ((xmax_guess + 31) / 32 * 32) + 4 * 32 + 4 * (MAXHQ * KC + 2 * MAXHQ + 8) + 8 * MAXWARPS * 16;
+                const int fixed = 4 * ((xmax_guess + 31) / 32 * 32) + 4 * 32 + 4 * ATT_SM + 8 * MAXWARPS * 16;
                 const int ring = (int)prop.sharedMemPerBlockOptin - fixed - 1024;
+                /* slots hold at least one LM head row (the head is never split: its argmax) */
                 int sl = slot ? slot : 5120;
+                if (sl < (wt == W_Q4 ? a->H / 2 : 2 * a->H)) sl = wt == W_Q4 ? a->H / 2 : 2 * a->H;
                 int nslot = ring / (warps * sl);
                 if (nslot > 16) nslot = 16;
                 if (nslot < 2) return fprintf(stderr, "slots of %d bytes do not fit twice per warp\n", sl), 2;
-                Model m = build(*a, wt, ctx, docheck && !layers ? 2 : layers, sl, G * warps);
+                Model m = build(*a, wt, ctx, docheck && !layers ? 2 : layers, sl, G * warps, G);
                 if (m.xmax > xmax_guess) return fprintf(stderr, "input of %d exceeds %d\n", m.xmax, xmax_guess), 2;
                 const size_t smem = (size_t)fixed + (size_t)warps * nslot * sl;
                 CK(cudaFuncSetAttribute(lean_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -4,7 +4,9 @@
 # storage), then times the decode token per model, storage, context and mode; with a prebuilt g4
 # (G4=path, e.g. from scripts/gpu_prep.sh bins) it also runs `g4 bench --device cuda` on the same
 # geometry for the engine's own number from the same machine. Output: $OUT/lean.txt (or stdout).
-#   bash scripts/gpu_lean.sh [ARCH:STORAGE:CTX ...]      default: e2b:bf16,q4:128,4096 e4b:bf16,q4:128 31b:bf16:128
+#   bash scripts/gpu_lean.sh [ARCH:STORAGE:CTX[:MODES[:ARGS]] ...]
+# default: E2B bf16/q4 at ctx 128 and 4096 in every mode, E4B, 31B, then E2B with 16 warps and with
+# larger slots (ARGS: prototype options, commas for spaces)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -21,15 +23,18 @@ bin=${LEAN_BIN:-/tmp/gpu_lean_decode}
   done
   echo "== timing (modes: 0 copies after the barrier, 1 prefetched across barriers, 2 stream only, 4 no weights)"
   runs=("$@")
-  [ ${#runs[@]} -gt 0 ] || runs=(e2b:bf16,q4:128,4096 e4b:bf16,q4:128 31b:bf16:128)
+  [ ${#runs[@]} -gt 0 ] || runs=(e2b:bf16,q4:128,4096:0,1,2,4,12 e4b:bf16,q4:128:1,2,4 31b:bf16:128:1,2:--warps,4
+                                  e2b:bf16,q4:128:1,2:--warps,16 e2b:bf16:128:1,2:--slot,6144 e2b:bf16,q4:128:1,2:--slot,12288,--warps,4)
   for r in "${runs[@]}"; do
-    IFS=: read -r a st ctx <<<"$r"
-    timeout 400 "$bin" --arch "$a" --storage "$st" --ctx "$ctx" --tokens ${LEAN_TOKENS:-64} --modes ${LEAN_MODES:-0,1,2,4} ${LEAN_ARGS:---trace} ||
+    IFS=: read -r a st ctx modes args <<<"$r"
+    echo "== $r"
+    # shellcheck disable=SC2086
+    timeout 300 "$bin" --arch "$a" --storage "$st" --ctx "$ctx" --tokens ${LEAN_TOKENS:-64} --modes "${modes:-0,1,2,4}" --trace ${args//,/ } ||
       fails=$((fails + 1))
   done
   if [ -n "${G4:-}" ]; then
     echo "== the engine on the same machine (g4 bench --device cuda)"
-    for st in bf16 qat-int4; do
+    for st in ${G4_STORAGES:-bf16 qat-int4}; do
       timeout 300 "$G4" bench --synth e2b --storage $st --device cuda --ctx 128 --gen 64 --no-verify 2>&1 | tail -4
     done
   fi
