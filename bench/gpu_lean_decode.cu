@@ -1170,9 +1170,10 @@ int main(int argc, char **argv) {
                     Ctl c;
                     CK(cudaMemcpy(&c, ctl, sizeof c, cudaMemcpyDeviceToHost));
                     const double per = ms / tokens;
-                    printf("  mode %d (%s%s%s): %8.1f tok/s  %7.3f ms/token  %6.0f GB/s  %3.0f%% of %.0f%s\n", mode,
+                    printf("  mode %d (%s%s%s%s): %8.1f tok/s  %7.3f ms/token  %6.0f GB/s  %3.0f%% of %.0f%s\n", mode,
                            mode & M_PREFETCH ? "prefetch across barriers" : "copies after the barrier",
-                           mode & M_STREAM_ONLY ? ", stream only" : "", mode & M_SYNC_ONLY ? ", no weights" : "", 1e3 / per,
+                           mode & M_STREAM_ONLY ? ", stream only" : "", mode & M_SYNC_ONLY ? ", no weights" : "",
+                           mode & M_NO_WORK ? ", no inputs or attention" : "", 1e3 / per,
                            per, m.wbytes / 1e9 / (per * 1e-3), 100.0 * m.wbytes / 1e9 / (per * 1e-3) / bw, bw,
                            c.err ? "  (ERROR FLAG)" : "");
                     if (c.err) fails++;
