@@ -555,7 +555,13 @@ __global__ void __launch_bounds__(512, 1)
             float *out = s.out;
             int i0, i1;
             warp_items(s, gw, nw, i0, i1);
-            int row = i0 % N, seg = i0 / N;
+            int row = i0 % N, seg = i0 / N; /* of the next item, advanced without divisions */
+            auto next = [N](int &r, int &g) {
+                if (++r == N) {
+                    r = 0;
+                    g++;
+                }
+            };
             for (int it = i0; it < i1; it += cpi) {
                 issue((mode & M_PREFETCH) ? nst : si);
                 const unsigned k = consumed % nslot;
@@ -575,7 +581,8 @@ __global__ void __launch_bounds__(512, 1)
                 }
                 for (int j = 0; j < n; j += 2) {
                     /* two items at a time: independent chains, one interleaved reduction */
-                    const int row2 = row + 1 == N ? 0 : row + 1, seg2 = row + 1 == N ? seg + 1 : seg;
+                    int row2 = row, seg2 = seg;
+                    next(row2, seg2);
                     const float2 pa = item_partial(wt, pair, E, p + (size_t)j * ib, xs + (size_t)seg * E);
                     float2 pb = make_float2(0.0f, 0.0f);
                     if (j + 1 < n) pb = item_partial(wt, pair, E, p + (size_t)(j + 1) * ib, xs + (size_t)seg2 * E);
@@ -619,10 +626,7 @@ __global__ void __launch_bounds__(512, 1)
                     }
                     row = row2;
                     seg = seg2;
-                    if (j + 1 < n) {
-                        seg = row + 1 == N ? seg + 1 : seg;
-                        row = row + 1 == N ? 0 : row + 1;
-                    }
+                    if (j + 1 < n) next(row, seg);
                 }
                 consumed++;
             }
