@@ -15,13 +15,19 @@
  *     so the barrier and the input build overlap the stream instead of preceding it;
  *   - a stage's input is built once per block from the previous stage's partial outputs (summed
  *     in segment order, residual + RMS norms where the model has them) into shared memory;
- *   - attention items are (KV head, chunk of 64 keys); the last block to finish a head's chunks
- *     merges their partial softmax sums in chunk order (no extra barrier).
+ *   - attention items are (query head, chunk of 16..128 keys, the fewest that still give about
+ *     two items per block); the last block to finish a head's chunks merges their partial
+ *     softmax sums in chunk order (no extra barrier).
  *
  * Modes (--modes, a comma list of bit sets): bit 0 = issue the next stages' copies before the
  * barrier; bit 1 = stream and multiply only (no barriers, inputs, attention: the streaming bound);
  * bit 2 = no weights (barriers, inputs and attention only: the synchronisation floor); bit 3 = no
- * inputs and no attention (with bit 2: the grid barriers alone).
+ * inputs and no attention (with bit 2: the grid barriers alone); bits 4-5 = D > 0: an L2 prefetch of
+ * each warp's share of stage si + D - 1 (at most L2PF_CAP bytes) is issued before stage si's
+ * barrier, so DRAM streams while the barrier and the input build run (D = 1: the stage's own
+ * weights, D = 2: the next stage's).
+ * --trace prints block 0's time per stage class (barrier wait, input, work) and when warp 0's
+ * first and last slots of a matmul stage landed.
  * --check runs one token of a truncated model (--layers) and compares every stage's output with a
  * double-precision host reference of the same operations.
  *
@@ -48,7 +54,8 @@
 enum { ST_MATVEC, ST_ATTN };
 enum { IN_EMBED, IN_SUM, IN_RESNORM, IN_GELUMUL, IN_GELU };
 enum { W_BF16, W_Q4 };
-enum { M_PREFETCH = 1, M_STREAM_ONLY = 2, M_SYNC_ONLY = 4, M_NO_WORK = 8 };
+enum { M_PREFETCH = 1, M_STREAM_ONLY = 2, M_SYNC_ONLY = 4, M_NO_WORK = 8, M_L2_SHIFT = 4 };
+enum { L2PF_CAP = 48 * 1024, TR = 5 };
 enum { KCMAX = 128, ATT_SM = KCMAX + 8, MAXWARPS = 16 };
 
 struct Stage {
@@ -78,7 +85,7 @@ struct Ctl {
     unsigned count, gen;
     unsigned long long best;
     int tok, err;
-    unsigned long long trace[3 * 1024];
+    unsigned long long trace[TR * 1024]; /* per stage: start, input built, end, first and last slot landed */
 };
 
 __host__ __device__ static inline uint32_t hsh(uint64_t i) {
@@ -537,13 +544,24 @@ __global__ void __launch_bounds__(512, 1)
         }
     };
 
+    const int l2d = (mode >> M_L2_SHIFT) & 3;
     for (int si = 0; si < nst; si++) {
         const Stage &s = stages[si];
+        if (l2d && lane == 0 && !(mode & M_SYNC_ONLY) && si + l2d - 1 < nst) {
+            const Stage &t = stages[si + l2d - 1];
+            if (t.kind != ST_ATTN) {
+                int i0, i1;
+                warp_items(t, gw, nw, i0, i1);
+                const unsigned long long b = (unsigned long long)(i1 - i0) * t.ib;
+                const unsigned n = (unsigned)(b < L2PF_CAP ? b : L2PF_CAP) & ~15u;
+                if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(t.w + (size_t)i0 * t.ib), "r"(n) : "memory");
+            }
+        }
         if (!(mode & M_STREAM_ONLY)) {
             if (si > 0) grid_sync(ctl, gen);
-            if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si] = gtime();
+            if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[TR * si] = gtime();
             if (!(mode & M_NO_WORK)) build_input(s, xs, red, ctl, embed);
-            if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si + 1] = gtime();
+            if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[TR * si + 1] = gtime();
         }
         if (s.kind == ST_ATTN) {
             if (!(mode & (M_STREAM_ONLY | M_NO_WORK))) attention(s, xs, att);
@@ -566,6 +584,11 @@ __global__ void __launch_bounds__(512, 1)
                 issue((mode & M_PREFETCH) ? nst : si);
                 const unsigned k = consumed % nslot;
                 mb_wait(mb + k, (consumed / nslot) & 1, ctl);
+                if (trace && blockIdx.x == 0 && threadIdx.x == 0) {
+                    const unsigned long long t = gtime();
+                    if (it == i0) ctl->trace[TR * si + 3] = t;
+                    ctl->trace[TR * si + 4] = t;
+                }
                 const uint8_t *p = myring + (size_t)k * slot;
                 const int n = min(cpi, i1 - it);
                 /* 4-bit rows: the slot's scales, one per lane, loaded before the products so that
@@ -633,7 +656,7 @@ __global__ void __launch_bounds__(512, 1)
             if (am && lane == 0) atomicMax(&ctl->best, best);
             issue((mode & M_PREFETCH) ? nst : si);
         }
-        if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[3 * si + 2] = gtime();
+        if (trace && blockIdx.x == 0 && threadIdx.x == 0) ctl->trace[TR * si + 2] = gtime();
     }
     if (!(mode & M_STREAM_ONLY)) {
         grid_sync(ctl, gen);
@@ -1174,10 +1197,14 @@ int main(int argc, char **argv) {
                     Ctl c;
                     CK(cudaMemcpy(&c, ctl, sizeof c, cudaMemcpyDeviceToHost));
                     const double per = ms / tokens;
-                    printf("  mode %d (%s%s%s%s): %8.1f tok/s  %7.3f ms/token  %6.0f GB/s  %3.0f%% of %.0f%s\n", mode,
+                    printf("  mode %d (%s%s%s%s%s): %8.1f tok/s  %7.3f ms/token  %6.0f GB/s  %3.0f%% of %.0f%s\n", mode,
                            mode & M_PREFETCH ? "prefetch across barriers" : "copies after the barrier",
                            mode & M_STREAM_ONLY ? ", stream only" : "", mode & M_SYNC_ONLY ? ", no weights" : "",
-                           mode & M_NO_WORK ? ", no inputs or attention" : "", 1e3 / per,
+                           mode & M_NO_WORK ? ", no inputs or attention" : "",
+                           mode >> M_L2_SHIFT == 1 ? ", L2 prefetch of the stage's weights before its barrier"
+                           : mode >> M_L2_SHIFT == 2 ? ", L2 prefetch of the next stage's weights"
+                           : mode >> M_L2_SHIFT == 3 ? ", L2 prefetch two stages ahead" : "",
+                           1e3 / per,
                            per, m.wbytes / 1e9 / (per * 1e-3), 100.0 * m.wbytes / 1e9 / (per * 1e-3) / bw, bw,
                            c.err ? "  (ERROR FLAG)" : "");
                     if (c.err) fails++;
@@ -1188,22 +1215,33 @@ int main(int argc, char **argv) {
                         CK(cudaMemcpy(&c, ctl, sizeof c, cudaMemcpyDeviceToHost));
                         tr = 0;
                         /* per stage class: barrier wait (previous stage end -> start), input, work */
-                        double wait[3] = {0}, in[3] = {0}, work[3] = {0};
-                        int cnt[3] = {0};
+                        double wait[3] = {0}, in[3] = {0}, work[3] = {0}, first[3] = {0}, last[3] = {0};
+                        int cnt[3] = {0}, cw[3] = {0};
                         for (int si = 0; si < nst && si < 1024; si++) {
                             const Stage &s = m.st[si];
                             const int cl = s.kind == ST_ATTN ? 0 : s.N >= 262144 ? 2 : 1;
-                            if (si) wait[cl] += (c.trace[3 * si] - c.trace[3 * si - 1]) * 1e-3;
-                            in[cl] += (c.trace[3 * si + 1] - c.trace[3 * si]) * 1e-3;
-                            work[cl] += (c.trace[3 * si + 2] - c.trace[3 * si + 1]) * 1e-3;
+                            const unsigned long long *t = c.trace + TR * si;
+                            if (si) wait[cl] += (t[0] - t[-TR + 2]) * 1e-3;
+                            in[cl] += (t[1] - t[0]) * 1e-3;
+                            work[cl] += (t[2] - t[1]) * 1e-3;
                             cnt[cl]++;
+                            if (t[3] && !(mode & M_SYNC_ONLY)) {
+                                /* warp 0's slots: the first landed (after the input), the last, the end */
+                                first[cl] += ((long long)t[3] - (long long)t[1]) * 1e-3;
+                                last[cl] += ((long long)t[4] - (long long)t[3]) * 1e-3;
+                                cw[cl]++;
+                            }
                         }
                         const char *nm[3] = {"attention", "matvec", "LM head"};
                         for (int cl = 0; cl < 3; cl++)
                             if (cnt[cl])
                                 printf("    block 0, %-9s x%3d: barrier wait %6.2f us, input %5.2f us, work %6.2f us per stage\n", nm[cl],
                                        cnt[cl], wait[cl] / cnt[cl], in[cl] / cnt[cl], work[cl] / cnt[cl]);
-                        printf("    block 0 token span %.1f us\n", (c.trace[3 * (nst - 1) + 2] - c.trace[0]) * 1e-3);
+                        for (int cl = 1; cl < 3; cl++)
+                            if (cw[cl])
+                                printf("    block 0 warp 0, %-9s x%3d: first slot landed %6.2f us after the input, last %6.2f us "
+                                       "after the first\n", nm[cl], cw[cl], first[cl] / cw[cl], last[cl] / cw[cl]);
+                        printf("    block 0 token span %.1f us\n", (c.trace[TR * (nst - 1) + 2] - c.trace[0]) * 1e-3);
                     }
                 }
                 CK(cudaFree(dst));
