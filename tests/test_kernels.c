@@ -639,6 +639,50 @@ static void test_bandwidth(void **state) {
 }
 
 
+static int argmax_ref(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy's pick at every ISA level: the scalar loop's index on random rows of awkward lengths,
+ * with ties (the lowest index wins), NaNs (never win, except at x[0]), signed zeros and
+ * infinities, the maximum in the vector part, in the tail and at the ends. */
+static void test_argmax(void **state) {
+    (void)state;
+    enum { N = 262144 + 37 };
+    float *x = malloc(sizeof(float) * N);
+    assert_non_null(x);
+    g4_isa best = g4_isa_best();
+    const int lens[] = {0, 1, 2, 3, 15, 16, 17, 31, 33, 100, 1000, 4099, N};
+    for (int trial = 0; trial < 12; trial++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int n = lens[li];
+            for (int i = 0; i < n; i++) {
+                /* trials 0-3: few distinct values (many ties); then continuous values */
+                x[i] = trial < 4 ? (float)(int)(grand() * 2.0f) : grand() * 10.0f;
+            }
+            if (n > 0) {
+                switch (trial % 6) {
+                case 1: x[0] = NAN; break;                                       /* NaN first: 0 */
+                case 2: for (int i = 0; i < n; i += 3) x[i] = NAN; break;        /* NaNs never win */
+                case 3: x[n - 1] = INFINITY; if (n > 2) x[n / 2] = INFINITY; break;
+                case 4: for (int i = 0; i < n; i++) x[i] = i % 2 ? 0.0f : -0.0f; break; /* signed zeros tie */
+                case 5: for (int i = 0; i < n; i++) x[i] = -INFINITY; if (n > 5) x[n - 3] = -1e30f; break;
+                default: break;
+                }
+            }
+            const int want = argmax_ref(x, n);
+            for (int isa = G4_ISA_SCALAR; isa <= (int)best; isa++) {
+                const int got = g4_argmax_isa((g4_isa)isa, x, n);
+                if (got != want) fail_msg("argmax isa %d, n %d, trial %d: %d, want %d", isa, n, trial, got, want);
+            }
+            assert_int_equal(g4_argmax(x, n), want);
+        }
+    free(x);
+}
+
 /* The element-wise kernels: every ISA level gives the scalar bits, and the values stay close to
  * libm's (the forward's tolerance against the reference rests on this). */
 static void test_act(void **state) {
@@ -786,6 +830,7 @@ int main(void) {
         cmocka_unit_test(test_widen),
         cmocka_unit_test(test_bandwidth),
         cmocka_unit_test(test_act),
+        cmocka_unit_test(test_argmax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

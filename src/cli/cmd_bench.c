@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cpu/act.h"
 #include "g4.h"
 #include "model/synth.h"
 #include "model/synth_drafter.h"
@@ -61,13 +62,6 @@ static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Bytes of K and V one decode token reads at context c (every layer, shared ones included). */
@@ -309,7 +303,7 @@ int cmd_bench(int argc, char **argv) {
         double a = now();
         if (g4_session_forward(s, toks, c, G4_LOGITS_LAST, logits, &err)) goto fail;
         double pre = now() - a;
-        int32_t t = argmax(logits, info.vocab);
+        int32_t t = g4_argmax(logits, info.vocab);
         s->st.profile = profile && !s->cuda;
         memset(s->st.prof, 0, sizeof s->st.prof);
         a = now();
@@ -319,7 +313,7 @@ int cmd_bench(int argc, char **argv) {
                 continue;
             }
             if (g4_session_forward(s, &t, 1, G4_LOGITS_LAST, logits, &err)) goto fail;
-            t = argmax(logits, info.vocab);
+            t = g4_argmax(logits, info.vocab);
         }
         double dec = (now() - a) / gen;
         double bytes = (double)info.weight_bytes + kv_bytes(m, c + gen / 2), rbw = bw;

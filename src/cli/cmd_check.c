@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "cpu/act.h"
 #include "g4.h"
 
 static void check_usage(FILE *f) {
@@ -192,13 +193,6 @@ static double max_abs(const float *a, size_t n) {
     double m = 0;
     for (size_t i = 0; i < n; i++) m = fabs(a[i]) > m ? fabs(a[i]) : m;
     return m;
-}
-
-static int argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* ---- the drafter (DIR/assistant) ----------------------------------------------------------- */
@@ -532,7 +526,7 @@ int cmd_check(int argc, char **argv) {
         goto done;
     }
     for (int k = 0; k < n_gt; k++) {
-        int t = argmax(lg, V);
+        int t = g4_argmax(lg, V);
         double margin = cJSON_GetArrayItem(margins, k)->valuedouble;
         if (t == gtokens[k]) agree++;
         else {

@@ -43,6 +43,7 @@ float g4_gelu_tanh(float x) {
 
 void g4_gelu_mul_isa(g4_isa isa, float *g, const float *u, size_t n) { ACT_PICK(isa, gelu_mul)(g, u, n); }
 void g4_softcap_isa(g4_isa isa, float *x, size_t n, float cap) { ACT_PICK(isa, softcap)(x, n, cap); }
+int g4_argmax_isa(g4_isa isa, const float *x, int n) { return ACT_PICK(isa, argmax)(x, n); }
 void g4_fake_quant_isa(g4_isa isa, float *y, const float *x, size_t n, float sc) { ACT_PICK(isa, fake_quant)(y, x, n, sc); }
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n) {
     return ACT_PICK(isa, exp_sum)(x, m, y, n);
@@ -65,6 +66,7 @@ void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, i
 }
 void g4_gelu_mul(float *g, const float *u, size_t n) { g4_gelu_mul_isa(g4_isa_best(), g, u, n); }
 void g4_softcap(float *x, size_t n, float cap) { g4_softcap_isa(g4_isa_best(), x, n, cap); }
+int g4_argmax(const float *x, int n) { return g4_argmax_isa(g4_isa_best(), x, n); }
 void g4_fake_quant(float *y, const float *x, size_t n, float sc) { g4_fake_quant_isa(g4_isa_best(), y, x, n, sc); }
 float g4_exp_sum(const float *x, float m, float *y, int n) { return g4_exp_sum_isa(g4_isa_best(), x, m, y, n); }
 void g4_axpy(float *y, float a, const float *x, int n) { g4_axpy_isa(g4_isa_best(), y, a, x, n); }

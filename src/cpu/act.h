@@ -71,9 +71,14 @@ void g4_axpy(float *y, float a, const float *x, int n);
 /* y[e] = fma(p[k], v[k·stride + e], y[e]), k = 0..nk-1 in order: bitwise nk calls of g4_axpy. */
 void g4_avsum(float *y, const float *p, const float *v, size_t stride, int nk, int d);
 
+/* The index of the largest of x[0..n), the lowest on ties (NaNs never win, except at x[0]: then
+ * 0), as the scalar loop `if (x[i] > x[b]) b = i` gives it; 0 for n < 1. Greedy decoding's pick. */
+int g4_argmax(const float *x, int n);
+
 /* The same at a chosen ISA level, which the CPU must support (at most g4_isa_best()). */
 void g4_gelu_mul_isa(g4_isa isa, float *g, const float *u, size_t n);
 void g4_softcap_isa(g4_isa isa, float *x, size_t n, float cap);
+int g4_argmax_isa(g4_isa isa, const float *x, int n);
 void g4_fake_quant_isa(g4_isa isa, float *y, const float *x, size_t n, float sc);
 float g4_exp_sum_isa(g4_isa isa, const float *x, float m, float *y, int n);
 void g4_axpy_isa(g4_isa isa, float *y, float a, const float *x, int n);

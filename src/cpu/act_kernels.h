@@ -125,6 +125,32 @@ KTARGET static float KN(exp_sum)(const float *x, float m, float *y, int n) {
     return g4_fold16(part);
 }
 
+/* The index of the largest x[i], the lowest on ties: the scalar loop `if (x[i] > x[b]) b = i`
+ * from b = 0, exactly (NaNs never win; a NaN at x[0] wins; -0.0 ties with 0.0). Lane l keeps the
+ * largest of the elements i ≡ l (mod KW) and its first index; the lanes are then merged by value,
+ * ties by index, and the tail continues the scalar loop. */
+KTARGET static int KN(argmax)(const float *x, int n) {
+    if (n < 1 || x[0] != x[0]) return 0;
+    VF bv = KN(splat)(x[0]);
+    VI bi, idx;
+    for (int l = 0; l < KW; l++) bi[l] = 0, idx[l] = l;
+    int i = 0;
+    for (; i + KW <= n; i += KW) {
+        const VF v = *(const VF *)(x + i);
+        const VI gt = (VI)(v > bv);
+        bv = (VF)((gt & (VI)v) | (~gt & (VI)bv));
+        bi = (gt & idx) | (~gt & bi);
+        idx = idx + KW;
+    }
+    int b = 0;
+    float m = x[0];
+    for (int l = 0; l < KW; l++)
+        if (bv[l] > m || (bv[l] == m && bi[l] < b)) m = bv[l], b = bi[l];
+    for (; i < n; i++)
+        if (x[i] > m) m = x[i], b = i;
+    return b;
+}
+
 /* y[i] = fma(a, x[i], y[i]) (one rounding). */
 KTARGET static void KN(axpy)(float *y, float a, const float *x, int n) {
     const VF av = KN(splat)(a);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu/act.h"
 #include "g4.h"
 #include "g4_sample.h"
 #include "model/drafter.h"
@@ -23,13 +24,6 @@ static double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int32_t argmax(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
 }
 
 /* A generator for the oracle benchmark mode (splitmix64). */
@@ -79,7 +73,7 @@ static g4_status emit(gen_ctx *g, int32_t tok, const float *logits) {
 /* The target's choice from one row of logits. */
 static g4_status choose(gen_ctx *g, const float *logits, int32_t *tok) {
     if (!g->o->sampler) {
-        *tok = argmax(logits, g->V);
+        *tok = g4_argmax(logits, g->V);
         return G4_OK;
     }
     return g4_sampler_sample(g->o->sampler, logits, g->V, tok, g->err);
@@ -261,7 +255,7 @@ g4_status g4_generate(g4_session *s, const int32_t *prompt, int n_prompt, const 
                     next = draw(pprobs, V, g4_sampler_uniform(o->sampler));
                 }
             } else {
-                next = dev ? ids[i] : argmax(row, V);
+                next = dev ? ids[i] : g4_argmax(row, V);
                 accept = next == drafts[i];
             }
             if (st) break;

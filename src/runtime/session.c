@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/act.h"
 #include "g4.h"
 #ifdef G4_HAVE_CUDA
 #include "cuda/cuda.h"
@@ -295,13 +296,6 @@ g4_status g4_session_commit(g4_session *s, int n, g4_error *err) {
 
 /* ---- drafting ------------------------------------------------------------------------------ */
 
-static int32_t argmax_row(const float *x, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 g4_status g4_drafting_init(g4_drafting *dr, g4_session *s, const g4_drafter *d, g4_error *err) {
     memset(dr, 0, sizeof *dr);
     dr->s = s;
@@ -375,7 +369,7 @@ g4_status g4_drafting_greedy(g4_drafting *dr, int32_t tok, int qpos, int k, int3
         g4_drafting_step(dr, tok, qpos, i == 0, lg, err);
         if (i == 0 && first_logits) memcpy(first_logits, lg, sizeof(float) * (size_t)V);
         if (i == 0 && first_hidden) memcpy(first_hidden, dr->carry, sizeof(float) * (size_t)H);
-        drafts[i] = tok = argmax_row(lg, V);
+        drafts[i] = tok = g4_argmax(lg, V);
     }
     free(lg);
     return G4_OK;
