@@ -24,7 +24,7 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -fmad=false -We
 CFLAGS   += -DG4_HAVE_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 GPU_SRC  := $(sort $(wildcard tests/gpu/*.c))
-GPU_PROTO:= $(BUILD)/bench/gpu_lean_decode
+GPU_PROTO:= $(BUILD)/bench/gpu_lean_decode $(BUILD)/bench/gpu_pdl_chain
 endif
 # the persistent kernel: one object per instantiation (src/cuda/inst/kernel.cu -DG4C_INST=i, i <
 # G4C_N_INST in src/cuda/internal.h), so `make -j` compiles them in parallel (the largest first)
@@ -75,6 +75,12 @@ $(CU_INST): $(BUILD)/src/cuda/inst/kernel_%.o: src/cuda/inst/kernel.cu
 # the lean decode prototype: standalone CUDA (no engine code), built so that CI keeps it compiling;
 # scripts/gpu_lean.sh builds and runs it on a GPU machine
 $(BUILD)/bench/gpu_lean_decode: bench/gpu_lean_decode.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -o $@ $<
+
+# the per-stage-kernel decode prototype (PDL chain in a CUDA graph): standalone like the one above;
+# scripts/gpu_pdl.sh builds and runs it on a GPU machine
+$(BUILD)/bench/gpu_pdl_chain: bench/gpu_pdl_chain.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $<
 
