@@ -74,13 +74,13 @@ $(CU_INST): $(BUILD)/src/cuda/inst/kernel_%.o: src/cuda/inst/kernel.cu
 
 # the lean decode prototype: standalone CUDA (no engine code), built so that CI keeps it compiling;
 # scripts/gpu_lean.sh builds and runs it on a GPU machine
-$(BUILD)/bench/gpu_lean_decode: bench/gpu_lean_decode.cu
+$(BUILD)/bench/gpu_lean_decode: bench/gpu_lean_decode.cu bench/gpu_proto.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $<
 
 # the per-stage-kernel decode prototype (PDL chain in a CUDA graph): standalone like the one above;
 # scripts/gpu_pdl.sh builds and runs it on a GPU machine
-$(BUILD)/bench/gpu_pdl_chain: bench/gpu_pdl_chain.cu
+$(BUILD)/bench/gpu_pdl_chain: bench/gpu_pdl_chain.cu bench/gpu_proto.cuh
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -o $@ $<
 

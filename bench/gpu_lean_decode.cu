@@ -33,7 +33,7 @@
  *
  * Build: nvcc -O3 -std=c++17 -arch=sm_90a -o gpu_lean_decode bench/gpu_lean_decode.cu
  */
-#include <cuda_runtime.h>
+#include "gpu_proto.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -41,15 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <vector>
-
-#define CK(x)                                                                                       \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 enum { ST_MATVEC, ST_ATTN };
 enum { IN_EMBED, IN_SUM, IN_RESNORM, IN_GELUMUL, IN_GELU };
@@ -117,17 +108,8 @@ __host__ __device__ static inline uint64_t wkey(uint64_t t, uint64_t r, uint64_t
 
 /* ---------------------------------------------------------------- device helpers */
 
-__device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 __device__ static inline void mb_init(uint64_t *mb) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(mb)) : "memory");
-}
-__device__ static inline void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *mb) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(mb)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(mb))
-                 : "memory");
 }
 __device__ static inline unsigned long long gtime() {
     unsigned long long t;
@@ -537,7 +519,10 @@ __global__ void __launch_bounds__(512, 1)
             const int n = min(cur.cpi, cur.end - cur.it);
             const unsigned k = issued % nslot;
             __syncwarp();
-            if (lane == 0) bulk_copy(myring + (size_t)k * slot, cur.w + (size_t)cur.it * cur.ib, (unsigned)(n * cur.ib), mb + k);
+            if (lane == 0) {
+                fence_proxy_async();
+                bulk_copy(myring + (size_t)k * slot, cur.w + (size_t)cur.it * cur.ib, (unsigned)(n * cur.ib), mb + k);
+            }
             issued++;
             cur.it += n;
             if (cur.it >= cur.end) cursor_seek(cur, stages, nst, cur.st + 1, gw, nw, mode);

@@ -25,7 +25,7 @@
  *
  * Build: nvcc -O3 -std=c++17 -arch=sm_90a -o gpu_pdl_chain bench/gpu_pdl_chain.cu
  */
-#include <cuda_runtime.h>
+#include "gpu_proto.cuh"
 
 #include <math.h>
 #include <stdint.h>
@@ -34,15 +34,6 @@
 #include <string.h>
 #include <algorithm>
 #include <vector>
-
-#define CK(x)                                                                                       \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 enum { THREADS = 256, WARPS = THREADS / 32, SLOT_MAX = 24 * 1024, SMEM_MAX = 104 * 1024, MAX_SLOTS = 8, HDR = 8 * MAX_SLOTS + 4 * WARPS + 4 * MAX_SLOTS };
 enum { MODE_PDL_EARLY = 0, MODE_PDL_LATE = 1, MODE_PLAIN = 2, MODE_NO_WEIGHTS = 3 };
@@ -71,15 +62,6 @@ static const Run RUNS[] = {
     {MODE_PDL_EARLY, 1, 0, 4, 26 << 10, "PDL, copies before the wait, fixed bands, 4 blocks per SM of 26 KB, x from L1", 1},
 };
 enum { NRUNS = sizeof RUNS / sizeof RUNS[0] };
-
-__device__ static inline uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ static inline void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *mb) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(mb)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(mb))
-                 : "memory");
-}
 
 __device__ static inline void mb_wait(uint64_t *mb, unsigned parity) {
     for (;;) {
@@ -222,7 +204,7 @@ __global__ void __launch_bounds__(THREADS, 2)
         }
         __syncthreads(); /* red and ids[k] are rewritten below */
         if (tid == 0) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            fence_proxy_async();
             issue(k);
         }
         __syncthreads();
