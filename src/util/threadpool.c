@@ -56,21 +56,14 @@ static void run_share(g4_threadpool *p, int tid) {
     int units = (n + a - 1) / a;
     int big = (int)((long)units * BIG_16THS / (16L * nt)), small = units / (SMALL_DIV * nt);
     if (small < 1) small = 1;
-    int big_end = big * nt; /* units [0, big_end) are the big pieces */
-    for (;;) {
+    for (;;) { /* ticket k < nt: big piece k (empty when big is 0); then small pieces after them */
         int k = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        long u0, u1;
-        if (k < nt && big > 0) {
-            u0 = (long)k * big;
-            u1 = u0 + big;
-        } else {
-            u0 = big_end + (long)(big > 0 ? k - nt : k) * small;
-            u1 = u0 + small;
-        }
+        long u0 = k < nt ? (long)k * big : (long)big * nt + (long)(k - nt) * small;
+        long u1 = u0 + (k < nt ? big : small);
         if (u0 >= units) break;
         if (u1 > units) u1 = units;
         long end = u1 * a < n ? u1 * a : n;
-        p->fn(p->ctx, (int)(u0 * a), (int)end, tid);
+        if (u1 > u0) p->fn(p->ctx, (int)(u0 * a), (int)end, tid);
     }
 }
 
