@@ -2096,7 +2096,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
         for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
             const int sub = min(G4C_MT, mt - m0);
             float *base = sm + (size_t)m0 * ldk;
-            if (sub > 1 && op->in.kind != G4C_IN_CONCAT &&
+            if ((TM & G4C_KM_M1) == 0 && sub > 1 && op->in.kind != G4C_IN_CONCAT &&
                 (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats)
                 load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0);
             else
@@ -2124,7 +2124,8 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
             }
         }
         if (sh.total && !mma && !iq) {
-            if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
+            if constexpr ((TM & G4C_KM_M1) != 0) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, 1, amax, blk, nblk);
+            else if (mt == 1) mm_tile_t<TM, 1>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
             else if (mt <= 4) mm_tile_t<TM, 4>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
             else mm_tile_t<TM, G4C_MT>(type, op, p, step, sm, t0, mt, amax, blk, nblk);
         }
@@ -3039,4 +3040,62 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
 
 /* the instantiation's kernel as a host pointer for the launch table (forward.cu) */
 template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_kernel<TM>; }
+
+/* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
+
+/* Stage s of the program for one token (TM has G4C_KM_M1), as a launch of its own (MM 0: any stage
+ * but matmuls, one block per SM; MM 1: matmul stages, two blocks per SM (128 registers); MM 2:
+ * matmul stages, one block per SM): the same stage
+ * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
+ * the launch boundary. Each kernel first lets the next one start launching (its blocks become
+ * resident wherever this one's leave room: the staged kernels are sized for two blocks per SM),
+ * copies its stage description into shared memory and asks L2 for its first weight rows - all of
+ * which depend on nothing the previous stage writes - and only then waits until the previous
+ * kernel has finished and its writes are visible. Waiting is transitive (no kernel completes before
+ * its own wait returns), so the stream's order of writes holds across the whole chain. */
+template <unsigned TM, int MM>
+__global__ void __launch_bounds__(G4C_THREADS, MM == 1 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
+    extern __shared__ __align__(16) float sm[];
+    static_assert((TM & G4C_KM_M1) != 0 && (TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs one-token decode stages");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const tail_t tl = tail_of(sm, p);
+    {
+        const int *src = reinterpret_cast<const int *>(p.ops + s);
+        int *dst = reinterpret_cast<int *>(tl.ops);
+#pragma unroll 1
+        for (int i = threadIdx.x; i < (int)(sizeof(g4c_op) / 4); i += G4C_THREADS) dst[i] = __ldg(src + i);
+    }
+    __syncthreads();
+    const g4c_op *op = tl.ops;
+    if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
+        const int warp = threadIdx.x >> 5, S = op->split;
+        if ((threadIdx.x & 31) == 0 && warp % S == 0) {
+            const mm_shape sh = mm_shape_of(op, p);
+            const int tpb = G4C_WARPS / S, nteams = gridDim.x * tpb;
+#pragma unroll 1
+            for (int k = 0, it = blockIdx.x * tpb + warp / S; k < p.stage_pf && it < sh.total; k++, it += nteams)
+                mm_prefetch_item(op, sh, it);
+        }
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (p.skip & op->cls) return;
+    const int pos0 = ldi(&p.ctl->pos);
+    int extra = 0;
+    if constexpr (MM) {
+        if (op->kind == G4C_OP_MATMUL) op_matmul<TM>(op, p, 0, sm, 0ull, extra);
+        return;
+    }
+    switch (op->kind) {
+    case G4C_OP_EMBED: op_embed(op, p); break;
+    case G4C_OP_MATMUL: op_matmul<TM>(op, p, 0, sm, 0ull, extra); break;
+    case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
+    case G4C_OP_ATTN: op_attn<false>(op, p, pos0, sm, 0ull, extra); break;
+    case G4C_OP_PLE: op_ple(op, p); break;
+    case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
+    case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
+    case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
+    default: break;
+    }
+}
+template <unsigned TM, int MM> const void *g4c_stage_fn() { return (const void *)g4c_stage_kernel<TM, MM>; }
 #endif

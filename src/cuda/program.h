@@ -89,6 +89,9 @@ enum {
                            only in the instantiations that carry it, so the others keep their
                            register allocation) */
     G4C_WIDE_M = 8,
+    G4C_KM_M1 = 1 << 8, /* the staged decode's kernels (forward.cuh g4c_stage_kernel): launches of one
+                           token only, so a matmul stage instantiates only its one-token tile and the
+                           kernel needs fewer registers than the persistent one */
 };
 
 typedef struct g4c_mat {
@@ -299,5 +302,7 @@ typedef struct g4c_params {
     float *qn;            /* [max_batch][n_heads · max d] the wide kernels' normed, roped queries */
     int imma;             /* 1: per-channel 4-bit stages run on the integer tensor cores
                              (forward.cuh mm_tile_iq; G4_CUDA_IMMA=1 at creation) */
+    int stage_pf;         /* the staged decode: row-team items of its own matmul stage each block asks
+                             into L2 before it waits for the previous stage (0: none) */
 } g4c_params;
 #endif

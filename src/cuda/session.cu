@@ -148,6 +148,15 @@ struct g4_cuda {
     int pg_chain;                        /* pg_entry.outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
     int pg_prep;                         /* pg_entry.prep in use (G4_CUDA_PGPREP=0: a launch of the persistent kernel) */
     int pg_pdl;                          /* the prefill's own kernels with programmatic dependent launch (G4_CUDA_PDL=0: off) */
+    int staged;                          /* decode chains as one launch per stage (forward.cuh g4c_stage_kernel;
+                                            G4_CUDA_STAGED=1: matmuls two blocks per SM, 2: one; 0: the persistent kernel) */
+    int stage_pf;                        /* the staged decode's L2 requests per row team before the wait (G4_CUDA_STAGE_PF) */
+    unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
+    struct staged_slot {                 /* the staged decode's graphs for one-token launches, by their params */
+        g4c_params p;
+        unsigned gen;
+        cudaGraphExec_t ge;
+    } sg[2];
     /* drafter */
     const g4_drafter *dr;
     char *dwmem, *damem;
@@ -433,9 +442,10 @@ static void layout_scratch(g4_cuda *c, bump *b) {
     }
     c->max_chunks = c->n_ctx / G4C_KCHUNK + 2;
     c->ctl = TAKE(b, g4c_ctl, 1);
-    c->amax_part = TAKE(b, float, (size_t)c->grid * G4C_MAXB);
-    c->amax_idx = TAKE(b, int, (size_t)c->grid * G4C_MAXB);
-    c->amin_part = TAKE(b, float, c->grid);
+    /* for grids of up to two blocks per SM (the staged decode's matmul kernels) */
+    c->amax_part = TAKE(b, float, (size_t)2 * c->grid * G4C_MAXB);
+    c->amax_idx = TAKE(b, int, (size_t)2 * c->grid * G4C_MAXB);
+    c->amin_part = TAKE(b, float, 2 * c->grid);
     c->hist = TAKE(b, int, c->n_ctx + 1);
     c->x0 = TAKE(b, float, (size_t)B * H);
     c->xa = TAKE(b, float, (size_t)B * H);
@@ -919,6 +929,7 @@ static g4_status push_ops(g4_cuda *c, std::vector<g4c_op> &ops, g4c_op **dev, g4
     CK(cudaMalloc((void **)dev, sizeof(g4c_op) * ops.size()), "allocating the stage list");
     CK(cudaMemcpy(*dev, ops.data(), sizeof(g4c_op) * ops.size(), cudaMemcpyHostToDevice), "uploading the stage list");
     c->kmask |= kernel_mask(c);
+    c->ops_gen++;
     return G4_OK;
 }
 
@@ -1141,6 +1152,9 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_pdl = env_on("G4_CUDA_PDL");
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
+        const char *se = getenv("G4_CUDA_STAGED"), *sp = getenv("G4_CUDA_STAGE_PF");
+        c->staged = se && (atoi(se) == 1 || atoi(se) == 2) ? atoi(se) : 0;
+        c->stage_pf = sp ? atoi(sp) : 2;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -1241,6 +1255,8 @@ static void drafter_release(g4_cuda *c) {
 extern "C" void g4_cuda_free(g4_cuda *c) {
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
+    for (auto &g : c->sg)
+        if (g.ge) cudaGraphExecDestroy(g.ge);
     drafter_release(c);
     cudaFree(c->wmem);
     cudaFree(c->amem);
@@ -1303,6 +1319,76 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
     return G4_OK;
 }
 
+/* The staged decode: a one-token program's stages as one CUDA graph of launches (forward.cuh
+ * g4c_stage_kernel), each chained to the one before by programmatic dependent launch. Matmul
+ * stages get half an SM's shared memory (two blocks per SM when c->staged is 1), the others the
+ * persistent kernel's. The params p are baked into the graph. */
+static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t *exec, g4_error *err) {
+    const int inst = g4c_stage_inst(c->kmask);
+    if (inst < 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: no kernel for this model's weight types");
+    int dev = 0, sms = 0, per_sm_smem = 0;
+    CK(cudaGetDevice(&dev), "querying the device");
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying the device");
+    CK(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "querying the device");
+    const int mmk = c->staged == 1 ? 1 : 2;
+    size_t mm_smem = mmk == 1 ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
+    if (mm_smem > c->smem) mm_smem = c->smem;
+    const int mm_in = (int)((mm_smem - G4C_TAIL) / sizeof(float)) & ~3;
+    int nb_mm = 0, nb_other = 0;
+    CK(g4c_stage_blocks(inst, mmk, mm_smem, &nb_mm), "sizing the staged decode");
+    CK(g4c_stage_blocks(inst, 0, c->smem, &nb_other), "sizing the staged decode");
+    if (nb_mm < 1 || nb_other < 1 || nb_mm > 2) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
+    cudaGraph_t g = NULL;
+    CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capturing the staged decode");
+    cudaError_t e = cudaSuccess;
+    for (int s = 0; s < p0.n_ops && !e; s++) {
+        const g4c_op &o = c->ops[(size_t)s];
+        g4c_params p = p0;
+        const bool mm = o.kind == G4C_OP_MATMUL && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
+        p.smem_in_floats = mm ? mm_in : c->smem_in;
+        p.stage_pf = c->stage_pf;
+        e = g4c_stage_launch(inst, mm ? mmk : 0, &p, s, sms * (mm ? nb_mm : nb_other), mm ? mm_smem : c->smem, s > 0, c->stream);
+    }
+    cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
+    if (!e) e = e2;
+    if (!e) e = cudaGraphInstantiate(exec, g, 0);
+    if (g) cudaGraphDestroy(g);
+    CK(e, "building the staged decode's graph");
+    return G4_OK;
+}
+
+/* a one-token launch of the staged decode from the graph cache (built on first use of these params
+ * with this stage list) */
+static g4_status staged_get(g4_cuda *c, const g4c_params &p, cudaGraphExec_t *ge, g4_error *err) {
+    g4_cuda::staged_slot *hit = NULL;
+    for (auto &g : c->sg)
+        if (g.ge && g.gen == c->ops_gen && !memcmp(&g.p, &p, sizeof p)) hit = &g;
+    if (!hit) {
+        hit = &c->sg[0];
+        for (auto &g : c->sg) /* a free slot, else one of another stage list, else the first */
+            if (!g.ge || g.gen != c->ops_gen) {
+                hit = &g;
+                break;
+            }
+        if (hit->ge) cudaGraphExecDestroy(hit->ge);
+        hit->ge = NULL;
+        g4_status st = staged_graph(c, p, &hit->ge, err);
+        if (st) return st;
+        hit->p = p;
+        hit->gen = c->ops_gen;
+    }
+    *ge = hit->ge;
+    return G4_OK;
+}
+
+static g4_status staged_launch(g4_cuda *c, const g4c_params &p, g4_error *err) {
+    cudaGraphExec_t ge = NULL;
+    g4_status st = staged_get(c, p, &ge, err);
+    if (st) return st;
+    CK(cudaGraphLaunch(ge, c->stream), "launching a staged decode step");
+    return G4_OK;
+}
+
 /* the forward's launch, queued on the session's stream */
 static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, int direct,
                                 g4_error *err, int fast = 0) {
@@ -1316,6 +1402,7 @@ static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int 
     p.want_logits = want_logits;
     p.direct = direct;
     p.fast = fast;
+    if (c->staged && M == 1 && !fast && !p.trace) return staged_launch(c, p, err);
     CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the forward");
     return G4_OK;
 }
@@ -1825,8 +1912,11 @@ extern "C" g4_status g4_cuda_decode_chain(g4_cuda *c, int pos, int32_t tok, int 
     p.direct = 1;
     p.chain = 1;
     p.hist = c->hist;
+    cudaGraphExec_t ge = NULL;
+    if (c->staged && (st = staged_get(c, p, &ge, err))) return st;
     CK(cudaEventRecord(c->ev0, c->stream), "recording an event");
-    for (int i = 0; i < n; i++) CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching a decode step");
+    for (int i = 0; i < n; i++)
+        CK(ge ? cudaGraphLaunch(ge, c->stream) : g4c_launch(&p, c->grid, c->smem, c->stream), "launching a decode step");
     CK(cudaEventRecord(c->ev1, c->stream), "recording an event");
     CK(cudaEventSynchronize(c->ev1), "running the decode chain");
     float ms = 0;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The staged decode (one launch per stage, chained by programmatic dependent launch; forward.cuh
+# g4c_stage_kernel) against the persistent kernel, on a GPU machine in one call, with prebuilt
+# binaries (scripts/gpu_prep.sh bins BUILD NAME; carry .gpu/NAME.tar.xz, .gpu/lib and
+# .gpu/fixtures.tar.xz, made by `tar -C ../shared/fixtures -cJf .gpu/fixtures.tar.xz gemma4`):
+#   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) with G4_CUDA_STAGED=0/1/2:
+#      every check must pass in every mode (one-token steps run staged, verify blocks and prompts
+#      the persistent kernel, and drafted == undrafted compares them bit for bit);
+#   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model and mode (0: the persistent
+#      kernel, 1: staged with matmuls two blocks per SM, 2: staged, one block per SM), all in the
+#      same call so the numbers share a machine.
+#   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE ...]      (output: $OUT/staged.txt or ./staged.txt)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+name=${1:?prebuilt name (.gpu/NAME.tar.xz)}
+shift
+out=${OUT:-.}/staged.txt
+[ -d .gpu/$name ] || tar xf .gpu/$name.tar.xz
+[ -d .gpu/fixtures ] || { mkdir -p .gpu/fixtures && tar -C .gpu/fixtures -xf .gpu/fixtures.tar.xz; }
+export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=.gpu/$name
+modes=${STAGED_MODES:-0 1 2}
+{
+  nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+  fails=0
+  for m in $modes; do
+    echo "== gpu_exact, G4_CUDA_STAGED=$m"
+    G4_CUDA_STAGED=$m timeout 400 $B/tests/gpu/gpu_exact --tokens "${STAGED_EXACT_TOKENS:-600}" .gpu/fixtures/gemma4/*/ >/tmp/exact_$m.txt 2>&1 ||
+      fails=$((fails + 1))
+    grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact_$m.txt | cut -c1-220
+  done
+  runs=("$@")
+  [ ${#runs[@]} -gt 0 ] || runs=(e2b:bf16 e4b:bf16 e2b:qat-int4 e4b:qat-int4)
+  for r in "${runs[@]}"; do
+    IFS=: read -r a st ctx <<<"$r"
+    for m in $modes; do
+      echo "== $a $st staged=$m"
+      G4_CUDA_STAGED=$m timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx "${ctx:-128,4096}" \
+        --tokens "${STAGED_TOKENS:-128}" --no-breakdown 2>&1 || fails=$((fails + 1))
+    done
+  done
+  for pf in ${STAGED_PF:-}; do # the L2 requests before the wait (G4_CUDA_STAGE_PF), E4B bf16 at ctx 128
+    echo "== e4b bf16 staged=1 stage_pf=$pf"
+    G4_CUDA_STAGED=1 G4_CUDA_STAGE_PF=$pf timeout 300 $B/bench/gpu_bench --arch e4b --storage bf16 --ctx 128 \
+      --tokens "${STAGED_TOKENS:-128}" --no-breakdown 2>&1 | grep -E "^ +128 " || fails=$((fails + 1))
+  done
+  echo "== failures: $fails"
+} 2>&1 | tee "$out"
