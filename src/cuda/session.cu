@@ -1374,7 +1374,7 @@ static g4_status staged_get(g4_cuda *c, const g4c_params &p, cudaGraphExec_t *ge
         hit->ge = NULL;
         g4_status st = staged_graph(c, p, &hit->ge, err);
         if (st) return st;
-        hit->p = p;
+        memcpy(&hit->p, &p, sizeof p); /* bytes, padding included, as the lookup compares them */
         hit->gen = c->ops_gen;
     }
     *ge = hit->ge;
