@@ -257,7 +257,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    constexpr int U = MTT == 1 ? (T == G4C_Q4 ? G4C_U_Q4_M1 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? U8 / 2 : U8);
+    constexpr int U = MTT == 1 ? (U8 == 2 ? (T == G4C_Q4 ? G4C_U_Q4_M1 / 2 : 4) : T == G4C_Q4 ? G4C_U_Q4_M1 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? U8 / 2 : U8);
     const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
     const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
@@ -894,7 +894,7 @@ DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, fl
      * H200 (same run, 4 -> 8 everywhere): prefill E2B bf16 1547 -> 1615 tok/s, qat-int4 990 -> 1117,
      * E4B qat-int4 553 -> 650; verify k = 6 E2B bf16 3.20x -> 3.01x; but qat-int4 decode 281 -> 268
      * (E2B) and 192 -> 182 (E4B), so the quantised decode kernels keep 4. */
-    constexpr int U8 = (TM & G4C_KM_WIDE) || !(TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 8 : 4;
+    constexpr int U8 = (TM & G4C_KM_LEAN) ? 2 : (TM & G4C_KM_WIDE) || !(TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 8 : 4;
     switch (type) { /* types outside the instantiation's mask have no code here (session.cu kernel_mask) */
     case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
     case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
@@ -3044,8 +3044,8 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
 /* Stage s of the program for one token (TM has G4C_KM_M1), as a launch of its own (MM 0: any stage
- * but matmuls, one block per SM; MM 1: matmul stages, two blocks per SM (128 registers); MM 2:
- * matmul stages, one block per SM): the same stage
+ * but matmuls, one block per SM; MM 1: matmul stages, two blocks per SM (128 registers, fewer
+ * loads ahead: G4C_KM_LEAN); MM 2: matmul stages, one block per SM): the same stage
  * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
  * the launch boundary. Each kernel first lets the next one start launching (its blocks become
  * resident wherever this one's leave room: the staged kernels are sized for two blocks per SM),
@@ -3082,7 +3082,7 @@ __global__ void __launch_bounds__(G4C_THREADS, MM == 1 ? 2 : 1) g4c_stage_kernel
     const int pos0 = ldi(&p.ctl->pos);
     int extra = 0;
     if constexpr (MM) {
-        if (op->kind == G4C_OP_MATMUL) op_matmul<TM>(op, p, 0, sm, 0ull, extra);
+        if (op->kind == G4C_OP_MATMUL) op_matmul<MM == 1 ? (TM | G4C_KM_LEAN) : TM>(op, p, 0, sm, 0ull, extra);
         return;
     }
     switch (op->kind) {

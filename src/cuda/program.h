@@ -92,6 +92,9 @@ enum {
     G4C_KM_M1 = 1 << 8, /* the staged decode's kernels (forward.cuh g4c_stage_kernel): launches of one
                            token only, so a matmul stage instantiates only its one-token tile and the
                            kernel needs fewer registers than the persistent one */
+    G4C_KM_LEAN = 1 << 9, /* with G4C_KM_M1: the staged matmul kernels held to 128 registers (two
+                             blocks per SM) load half as many chunks ahead per lane at M = 1 (the
+                             SM then has twice the warps; no operation on any value changes) */
 };
 
 typedef struct g4c_mat {
