@@ -10,7 +10,10 @@
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
- *                  [--mode evict_first,op_local] [--mma MASK] [--no-breakdown] [--trace-m M] [--trace-prefill] */
+ *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
+ *                  [--trace-prefill]
+ *   staged       (--staged 0,1,2) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
+ *                upload, at the first two contexts, its tokens compared with the first mode's */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +52,7 @@ typedef struct {
     int trace_fast;         /* --trace-prefill: the traced step runs the prefill procedure */
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
     int mma;                   /* --mma MASK: G4_CUDA_MMA for the session (-1: leave the environment) */
+    const char *staged;        /* --staged LIST: decode at each context per staged-decode mode, tokens compared */
 } bench_opts;
 
 static int cmp_u64(const void *a, const void *b) {
@@ -214,6 +218,45 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         printf("  %-6d %10.0f %10.1f %9.3f %9.0f %7.1f%%\n", ctx, ctx / (p1 - p0), tps, secs * 1e3 / n_tok,
                bytes * tps / 1e9, 100.0 * bytes * tps / bw);
     }
+    /* the staged decode's modes (g4_cuda_set_staged) on the same upload: tok/s per context, and the
+     * chained tokens against the first mode's (the modes compute the same bits, so the same ids) */
+    if (bo->staged && *bo->staged) {
+        const int before = g4_cuda_set_staged(s->cuda, -1);
+        int32_t *ref = malloc(sizeof(int32_t) * (size_t)n_tok * 2);
+        char sl[64];
+        snprintf(sl, sizeof sl, "%s", bo->staged);
+        int first = 1;
+        char *save = NULL;
+        for (char *q = strtok_r(sl, ",", &save); q && ref; q = strtok_r(NULL, ",", &save)) {
+            const int mode = atoi(q);
+            if (g4_cuda_set_staged(s->cuda, mode) != mode) {
+                printf("  staged=%d: not a mode\n", mode);
+                continue;
+            }
+            printf("  staged=%d:", mode);
+            for (int ci = 0; ci < n_ctxs && ci < 2; ci++) {
+                const int ctx = ctxs[ci];
+                double secs = 0;
+                g4_session_reset(s);
+                if (g4_session_forward(s, prompt, ctx, G4_LOGITS_NONE, NULL, &err) ||
+                    g4_cuda_decode_chain(s->cuda, ctx, prompt[ctx], 8, out, &secs, &err) || /* warm-up (builds the graph) */
+                    g4_cuda_decode_chain(s->cuda, ctx, prompt[ctx], n_tok, out, &secs, &err)) {
+                    printf(" ctx %d: %s", ctx, err.message);
+                    break;
+                }
+                const double tps = n_tok / secs, bytes = stream + kv_bytes(m, ctx + n_tok / 2);
+                int same = -1;
+                if (first) memcpy(ref + (size_t)ci * n_tok, out, sizeof(int32_t) * (size_t)n_tok);
+                else same = !memcmp(ref + (size_t)ci * n_tok, out, sizeof(int32_t) * (size_t)n_tok);
+                printf("  ctx %d %.1f tok/s %.3f ms %.0f GB/s %.1f%%%s", ctx, tps, secs * 1e3 / n_tok, bytes * tps / 1e9,
+                       100.0 * bytes * tps / bw, same < 0 ? "" : same ? " (same tokens)" : " (TOKENS DIFFER)");
+            }
+            printf("\n");
+            first = 0;
+        }
+        free(ref);
+        g4_cuda_set_staged(s->cuda, before);
+    }
     /* other tuning settings: decode at context 128 */
     if (bo->tune && *bo->tune) {
         char tl[256];
@@ -367,11 +410,12 @@ int main(int argc, char **argv) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
         }
         else if (!strcmp(argv[i], "--mma") && i + 1 < argc) bo.mma = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--staged") && i + 1 < argc) bo.staged = argv[++i];
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 0,1,2] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
             return 2;
         }
     }

@@ -6,9 +6,10 @@
 #   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) with G4_CUDA_STAGED=0/1/2:
 #      every check must pass in every mode (one-token steps run staged, verify blocks and prompts
 #      the persistent kernel, and drafted == undrafted compares them bit for bit);
-#   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model and mode (0: the persistent
-#      kernel, 1: staged with matmuls two blocks per SM, 2: staged, one block per SM), all in the
-#      same call so the numbers share a machine.
+#   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
+#      upload (--staged; 0: the persistent kernel, 1: staged with matmuls two blocks per SM, 2:
+#      staged, one block per SM), the chained tokens compared with mode 0's; STAGED_PF="0 2 8"
+#      adds E4B bf16 runs under other G4_CUDA_STAGE_PF values.
 #   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE ...]      (output: $OUT/staged.txt or ./staged.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,11 +34,9 @@ modes=${STAGED_MODES:-0 1 2}
   [ ${#runs[@]} -gt 0 ] || runs=(e2b:bf16 e4b:bf16 e2b:qat-int4 e4b:qat-int4)
   for r in "${runs[@]}"; do
     IFS=: read -r a st ctx <<<"$r"
-    for m in $modes; do
-      echo "== $a $st staged=$m"
-      G4_CUDA_STAGED=$m timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx "${ctx:-128,4096}" \
-        --tokens "${STAGED_TOKENS:-128}" --no-breakdown 2>&1 || fails=$((fails + 1))
-    done
+    echo "== $a $st"
+    timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx "${ctx:-128,4096}" --tokens "${STAGED_TOKENS:-128}" \
+      --no-breakdown --staged "$(echo $modes | tr ' ' ,)" 2>&1 | grep -v "^ *k=" || fails=$((fails + 1))
   done
   for pf in ${STAGED_PF:-}; do # the L2 requests before the wait (G4_CUDA_STAGE_PF), E4B bf16 at ctx 128
     echo "== e4b bf16 staged=1 stage_pf=$pf"

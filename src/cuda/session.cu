@@ -1944,6 +1944,17 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
     return G4_OK;
 }
 
+extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
+    if (mode < 0 || mode > 2 || mode == c->staged) return c->staged;
+    cudaStreamSynchronize(c->stream);
+    for (auto &g : c->sg) { /* the cached graphs hold the other mode's launches */
+        if (g.ge) cudaGraphExecDestroy(g.ge);
+        g.ge = NULL;
+    }
+    c->staged = mode;
+    return mode;
+}
+
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }
 extern "C" void g4_cuda_set_trace_prefill(g4_cuda *c, int on) { c->trace_fast = on != 0; }
 extern "C" void g4_cuda_set_rep(g4_cuda *c, int rep) { c->rep = rep < 0 ? 0 : rep; }
