@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "util/error.h"
@@ -13,19 +14,26 @@
  * variable. */
 enum { SPIN_ITERS = 20000, YIELD_AFTER = 2000 };
 
+/* The fields every thread touches per job sit on cache lines by who writes them: the job and its
+ * generation (the caller, once per job), the ticket counter (every piece claimed), the pending
+ * count (each worker once per job), so that a claim or an arrival does not pull the line the
+ * others are polling away from them. */
+#define G4_LINE 64
 struct g4_threadpool {
     int n;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_uint gen;     /* bumped for each job */
-    atomic_int pending;  /* workers (excluding the caller) still running the current job */
+    atomic_int sleepers; /* workers waiting on cv (a job is broadcast only when there are some) */
     atomic_int stop;
-    atomic_int next;     /* the next unclaimed ticket of the current job (run_share) */
-    /* the current job */
-    g4_range_fn fn;
+    /* the current job, and its generation (bumped for each job) */
+    _Alignas(G4_LINE) g4_range_fn fn;
     void *ctx;
     int count, align;
+    atomic_uint gen;
+    _Alignas(G4_LINE) atomic_int next; /* the next unclaimed ticket of the current job (run_share) */
+    _Alignas(G4_LINE) atomic_int pending; /* workers (excluding the caller) still running the current job */
+    char pad_[G4_LINE - sizeof(atomic_int)];
 };
 
 typedef struct {
@@ -83,9 +91,13 @@ static void *worker_main(void *argp) {
                 else sched_yield(); /* someone else may need this core (an oversubscribed machine) */
                 continue;
             }
+            /* announce the sleep before the last look at gen: a caller that bumps gen after
+             * that look sees sleepers > 0 and broadcasts (both sequentially consistent) */
             pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
             while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop)) return NULL;
@@ -102,8 +114,9 @@ g4_status g4_threadpool_create(int n_threads, g4_threadpool **out, g4_error *err
         n_threads = c > 0 ? (int)c : 1;
     }
     if (n_threads > 256) return g4_fail(err, G4_ERR_ARG, "thread count %d is above 256", n_threads);
-    g4_threadpool *p = calloc(1, sizeof *p);
+    g4_threadpool *p = aligned_alloc(G4_LINE, sizeof *p); /* a multiple of G4_LINE (its alignment) */
     if (!p) return g4_fail(err, G4_ERR_NOMEM, "out of memory creating thread pool");
+    memset(p, 0, sizeof *p);
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
@@ -158,10 +171,12 @@ void g4_parallel_for(g4_threadpool *p, int n, int align, g4_range_fn fn, void *c
     p->align = align;
     atomic_store_explicit(&p->next, 0, memory_order_relaxed);
     atomic_store(&p->pending, p->n - 1);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers) > 0) { /* spinning workers see gen; sleeping ones need the signal */
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
     run_share(p, 0);
     /* wait for the workers' last chunks: spin briefly, then yield, so that a worker descheduled
      * by other load on the machine gets this core back instead of watching us spin */
