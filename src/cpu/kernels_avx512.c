@@ -75,7 +75,7 @@ INLINE __m512 maskload_w16(g4_wtype t, const uint8_t *row, int i, __mmask16 k) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* R rows × T tokens of the float path (R·T ≤ 8 accumulator chains). */
+/* R rows × T tokens of the float path (R·T ≤ 16 accumulator chains). */
 INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const int T, g4_wtype t) {
     int K = a->w->cols, i = 0;
     const float *x = a->x + (size_t)m0 * K;
@@ -120,18 +120,24 @@ INLINE void float_tile(const g4_rows_args *a, int r, const int R, int m0, const 
 
 INLINE void float_rowset(const g4_rows_args *a, int r, const int R, g4_wtype t) {
     int m0 = 0;
-    if (R <= 2)
-        for (; m0 + 4 <= a->M; m0 += 4) float_tile(a, r, R, m0, 4, t);
+    for (; m0 + 4 <= a->M; m0 += 4) float_tile(a, r, R, m0, 4, t);
+    const int R2 = R < 2 ? R : 2; /* 2- and 3-token remainders: at most 2 rows per tile */
     switch (a->M - m0) {
-    case 3: float_tile(a, r, R < 2 ? R : 2, m0, 3, t); break;
-    case 2: float_tile(a, r, R < 2 ? R : 2, m0, 2, t); break;
+    case 3:
+        for (int rr = 0; rr < R; rr += R2) float_tile(a, r + rr, R2, m0, 3, t);
+        break;
+    case 2:
+        for (int rr = 0; rr < R; rr += R2) float_tile(a, r + rr, R2, m0, 2, t);
+        break;
     case 1: float_tile(a, r, R, m0, 1, t); break;
     default: break;
     }
 }
 
 INLINE void float_rows(const g4_rows_args *a, int r0, int r1, g4_wtype t) {
-    int R = a->M == 1 ? 4 : 2;
+    /* 4 rows at a time for one token and for blocks of 4+ tokens (4 × 4 tiles: 8 loads per 16
+     * multiply-adds; attention's scores are 4 or 8 heads against the keys), else 2 */
+    int R = a->M == 1 || a->M >= 4 ? 4 : 2;
     for (int r = r0; r < r1;) {
         int n = r1 - r >= R ? R : 1;
         if (n == 4) float_rowset(a, r, 4, t);
