@@ -32,8 +32,8 @@ struct g4_threadpool {
     int count, align;
     atomic_uint gen;
     _Alignas(G4_LINE) atomic_int next; /* the next unclaimed ticket of the current job (run_share) */
-    _Alignas(G4_LINE) atomic_int pending; /* workers (excluding the caller) still running the current job */
-    char pad_[G4_LINE - sizeof(atomic_int)];
+    _Alignas(G4_LINE) atomic_int pending; /* workers (excluding the caller) still running the current job
+                                               (the member alignments round sizeof up to whole lines) */
 };
 
 typedef struct {
