@@ -44,6 +44,24 @@
 #ifndef G4C_U_MT4
 #define G4C_U_MT4 8 /* chunks per row a lane loads ahead in the 2..4-token tiles (Q4: half) */
 #endif
+/* A launch configuration with programmatic dependent launch on or off (pgemm.cuh pdl_launch, the
+ * staged decode's stage.cu): c.attrs points into the same struct, so fill it in place. */
+typedef struct g4c_pdl_cfg {
+    cudaLaunchAttribute at[1];
+    cudaLaunchConfig_t c;
+} g4c_pdl_cfg;
+static inline void g4c_pdl_config(g4c_pdl_cfg *x, int on, dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
+    x->at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    x->at[0].val.programmaticStreamSerializationAllowed = on ? 1 : 0;
+    x->c = cudaLaunchConfig_t{};
+    x->c.gridDim = grid;
+    x->c.blockDim = block;
+    x->c.dynamicSmemBytes = smem;
+    x->c.stream = s;
+    x->c.attrs = x->at;
+    x->c.numAttrs = 1;
+}
+
 #define DEV static __device__ __forceinline__
 #define DEVR static __device__ __noinline__ /* rare paths: out of line */
 /* The stage functions: inlined into the kernel (default: no calls, so no callee-saved registers

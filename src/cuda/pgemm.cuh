@@ -18,17 +18,9 @@ DEV void pdl_enter() {
 }
 template <typename... P, typename... A>
 static inline cudaError_t pdl_launch(int on, void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = on ? 1 : 0;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = block;
-    c.dynamicSmemBytes = smem;
-    c.stream = s;
-    c.attrs = at;
-    c.numAttrs = 1;
-    return cudaLaunchKernelEx(&c, k, args...);
+    g4c_pdl_cfg x;
+    g4c_pdl_config(&x, on, grid, block, smem, s);
+    return cudaLaunchKernelEx(&x.c, k, args...);
 }
 
 /* one value's three bf16 terms at x[i], x[ts + i], x[2ts + i]: split_bf16's (the low halves hold v's) */

@@ -32,16 +32,8 @@ cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm) {
 
 cudaError_t g4c_stage_launch(int inst, int mm, const g4c_params *p, int s, int grid, size_t smem_bytes, int pdl, cudaStream_t stream) {
     if (inst < 0 || inst >= G4C_N_STAGE || mm < 0 || mm > 2) return cudaErrorInvalidValue;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = dim3(grid);
-    c.blockDim = dim3(G4C_THREADS);
-    c.dynamicSmemBytes = smem_bytes;
-    c.stream = stream;
-    c.attrs = at;
-    c.numAttrs = 1;
+    g4c_pdl_cfg x;
+    g4c_pdl_config(&x, pdl, dim3(grid), dim3(G4C_THREADS), smem_bytes, stream);
     void *args[] = {(void *)p, (void *)&s};
-    return cudaLaunchKernelExC(&c, g4c_stage_fns[inst][mm], args);
+    return cudaLaunchKernelExC(&x.c, g4c_stage_fns[inst][mm], args);
 }
