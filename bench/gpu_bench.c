@@ -223,6 +223,9 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
     if (bo->staged && *bo->staged) {
         const int before = g4_cuda_set_staged(s->cuda, -1);
         int32_t *ref = malloc(sizeof(int32_t) * (size_t)n_tok * 2);
+        /* a k = 3 verify block's logits (4 rows) per mode, compared bit for bit with the first mode's */
+        const size_t vl = (size_t)4 * (size_t)c->vocab;
+        float *vref = malloc(sizeof(float) * vl), *vcur = malloc(sizeof(float) * vl);
         char sl[64];
         snprintf(sl, sizeof sl, "%s", bo->staged);
         int first = 1;
@@ -251,10 +254,22 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
                 printf("  ctx %d %.1f tok/s %.3f ms %.0f GB/s %.1f%%%s", ctx, tps, secs * 1e3 / n_tok, bytes * tps / 1e9,
                        100.0 * bytes * tps / bw, same < 0 ? "" : same ? " (same tokens)" : " (TOKENS DIFFER)");
             }
+            double one = 0, four = 0;
+            g4_session_reset(s);
+            if (vref && vcur && !g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) &&
+                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 3, &one, &err) &&
+                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &one, &err) &&
+                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 4, 3, &four, &err) &&
+                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 4, 20, &four, &err) &&
+                !g4_cuda_forward(s->cuda, 128, prompt + 128, 4, 0, 1, first ? vref : vcur, 0, &err))
+                printf("  | verify k=3 at ctx 128 %.3f ms = %.2fx its step%s", four * 1e3, four / one,
+                       first ? "" : memcmp(vref, vcur, sizeof(float) * vl) ? " (LOGITS DIFFER)" : " (same logits)");
             printf("\n");
             first = 0;
         }
         free(ref);
+        free(vref);
+        free(vcur);
         g4_cuda_set_staged(s->cuda, before);
     }
     /* other tuning settings: decode at context 128 */

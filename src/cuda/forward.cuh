@@ -3061,9 +3061,10 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
 
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
-/* Stage s of the program for one token (TM has G4C_KM_M1), as a launch of its own (MM 0: any stage
- * but matmuls, one block per SM; MM 1: matmul stages, two blocks per SM (128 registers, fewer
- * loads ahead: G4C_KM_LEAN); MM 2: matmul stages, one block per SM): the same stage
+/* Stage s of a program of fewer than G4C_WIDE_M tokens (TM with G4C_KM_M1: one token, only its tile
+ * compiled), as a launch of its own (MM 0: any stage but matmuls, one block per SM; MM 1: matmul
+ * stages of one token, two blocks per SM (128 registers, fewer loads ahead: G4C_KM_LEAN); MM 2:
+ * matmul stages, one block per SM): the same stage
  * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
  * the launch boundary. Each kernel first lets the next one start launching (its blocks become
  * resident wherever this one's leave room: the staged kernels are sized for two blocks per SM),
@@ -3074,7 +3075,7 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
 template <unsigned TM, int MM>
 __global__ void __launch_bounds__(G4C_THREADS, MM == 1 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
     extern __shared__ __align__(16) float sm[];
-    static_assert((TM & G4C_KM_M1) != 0 && (TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs one-token decode stages");
+    static_assert((TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs the narrow kernels' stages");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const tail_t tl = tail_of(sm, p);
     {

@@ -31,14 +31,15 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
      G4C_KM_DENSE | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_WIDE,   \
      G4C_KM_ALL | G4C_KM_WIDE, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ, G4C_KM_ALL | G4C_KM_IQ,                \
      G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_IQ | G4C_KM_WIDE, G4C_KM_ALL | G4C_KM_IQ | G4C_KM_WIDE}
-/* The staged decode (forward.cuh g4c_stage_kernel, stage.cu): a one-token program as one launch per
- * stage. g4c_stage_inst: the instantiation for a program's kernel mask (-1: none takes it);
- * mm: the kernel for matmul stages (1: two blocks per SM, 2: one) or the one for the others (0);
+/* The staged decode (forward.cuh g4c_stage_kernel, stage.cu): a program of M < G4C_WIDE_M tokens
+ * (one-token steps, verify blocks) as one launch per stage. g4c_stage_inst: the instantiation for a
+ * program's kernel mask and token count (-1: none takes it); mm: the kernel for matmul stages (1:
+ * two blocks per SM, one-token instantiations only; 2: one) or the one for the others (0);
  * g4c_stage_blocks: its resident blocks per SM with smem_bytes of dynamic shared memory (and sets
  * that size as its maximum); g4c_stage_launch: stage s of p (p->smem_in_floats for this launch),
  * with programmatic dependent launch when pdl. */
-#define G4C_N_STAGE 4
-int g4c_stage_inst(unsigned kmask);
+#define G4C_N_STAGE 8
+int g4c_stage_inst(unsigned kmask, int M);
 cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm);
 cudaError_t g4c_stage_launch(int inst, int mm, const g4c_params *p, int s, int grid, size_t smem_bytes, int pdl, cudaStream_t stream);
 /* One launch of the program in p (cooperative: every block resident). */

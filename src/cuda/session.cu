@@ -148,15 +148,18 @@ struct g4_cuda {
     int pg_chain;                        /* pg_entry.outb in use (G4_CUDA_PGCHAIN=0: every GEMM's terms from a kernel launch) */
     int pg_prep;                         /* pg_entry.prep in use (G4_CUDA_PGPREP=0: a launch of the persistent kernel) */
     int pg_pdl;                          /* the prefill's own kernels with programmatic dependent launch (G4_CUDA_PDL=0: off) */
-    int staged;                          /* decode chains as one launch per stage (forward.cuh g4c_stage_kernel;
-                                            G4_CUDA_STAGED=1: matmuls two blocks per SM, 2: one; 0: the persistent kernel) */
-    int stage_pf;                        /* the staged decode's L2 requests per row team before the wait (G4_CUDA_STAGE_PF) */
+    int staged;                          /* blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks) as one
+                                            launch per stage (forward.cuh g4c_stage_kernel; use_staged): 2 (default)
+                                            one block per SM; G4_CUDA_STAGED=1: one-token matmuls two blocks per
+                                            SM; 0: the persistent kernel */
+    int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs for one-token launches, by their params */
         g4c_params p;
         unsigned gen;
         cudaGraphExec_t ge;
-    } sg[2];
+    } sg[8];
+    unsigned sg_next;                    /* the slot a new graph replaces when none is free */
     /* drafter */
     const g4_drafter *dr;
     char *dwmem, *damem;
@@ -1153,8 +1156,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *se = getenv("G4_CUDA_STAGED"), *sp = getenv("G4_CUDA_STAGE_PF");
-        c->staged = se && (atoi(se) == 1 || atoi(se) == 2) ? atoi(se) : 0;
-        c->stage_pf = sp ? atoi(sp) : 2;
+        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 2 ? atoi(se) : 2;
+        c->stage_pf = sp ? atoi(sp) : 0;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -1324,13 +1327,13 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
  * stages get half an SM's shared memory (two blocks per SM when c->staged is 1), the others the
  * persistent kernel's. The params p are baked into the graph. */
 static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t *exec, g4_error *err) {
-    const int inst = g4c_stage_inst(c->kmask);
-    if (inst < 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: no kernel for this model's weight types");
+    const int inst = g4c_stage_inst(c->kmask, p0.M);
+    if (inst < 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: no kernel for this block's weight types and size");
     int dev = 0, sms = 0, per_sm_smem = 0;
     CK(cudaGetDevice(&dev), "querying the device");
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying the device");
     CK(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "querying the device");
-    const int mmk = c->staged == 1 ? 1 : 2;
+    const int mmk = c->staged == 1 && p0.M == 1 ? 1 : 2;
     size_t mm_smem = mmk == 1 ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
     if (mm_smem > c->smem) mm_smem = c->smem;
     const int mm_in = (int)((mm_smem - G4C_TAIL) / sizeof(float)) & ~3;
@@ -1364,12 +1367,13 @@ static g4_status staged_get(g4_cuda *c, const g4c_params &p, cudaGraphExec_t *ge
     for (auto &g : c->sg)
         if (g.ge && g.gen == c->ops_gen && !memcmp(&g.p, &p, sizeof p)) hit = &g;
     if (!hit) {
-        hit = &c->sg[0];
-        for (auto &g : c->sg) /* a free slot, else one of another stage list, else the first */
+        hit = NULL;
+        for (auto &g : c->sg) /* a free slot, else one of another stage list, else the next in turn */
             if (!g.ge || g.gen != c->ops_gen) {
                 hit = &g;
                 break;
             }
+        if (!hit) hit = &c->sg[c->sg_next++ % (sizeof c->sg / sizeof c->sg[0])];
         if (hit->ge) cudaGraphExecDestroy(hit->ge);
         hit->ge = NULL;
         g4_status st = staged_graph(c, p, &hit->ge, err);
@@ -1389,6 +1393,12 @@ static g4_status staged_launch(g4_cuda *c, const g4c_params &p, g4_error *err) {
     return G4_OK;
 }
 
+/* Whether a block of M tokens runs staged: on (c->staged), a staged kernel for the stages' weight
+ * types and M, and neither the prefill procedure nor a trace (the persistent kernel's). */
+static bool use_staged(const g4_cuda *c, const g4c_params &p) {
+    return c->staged && !p.fast && !p.trace && p.n_steps == 1 && g4c_stage_inst(c->kmask, p.M) >= 0;
+}
+
 /* the forward's launch, queued on the session's stream */
 static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int M, int lm_from, int want_logits, int direct,
                                 g4_error *err, int fast = 0) {
@@ -1402,7 +1412,7 @@ static g4_status launch_forward(g4_cuda *c, int pos, const int32_t *tokens, int 
     p.want_logits = want_logits;
     p.direct = direct;
     p.fast = fast;
-    if (c->staged && M == 1 && !fast && !p.trace) return staged_launch(c, p, err);
+    if (use_staged(c, p)) return staged_launch(c, p, err);
     CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching the forward");
     return G4_OK;
 }
@@ -1913,7 +1923,7 @@ extern "C" g4_status g4_cuda_decode_chain(g4_cuda *c, int pos, int32_t tok, int 
     p.chain = 1;
     p.hist = c->hist;
     cudaGraphExec_t ge = NULL;
-    if (c->staged && (st = staged_get(c, p, &ge, err))) return st;
+    if (use_staged(c, p) && (st = staged_get(c, p, &ge, err))) return st;
     CK(cudaEventRecord(c->ev0, c->stream), "recording an event");
     for (int i = 0; i < n; i++)
         CK(ge ? cudaGraphLaunch(ge, c->stream) : g4c_launch(&p, c->grid, c->smem, c->stream), "launching a decode step");
@@ -1934,8 +1944,11 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
     g4c_params p = base_params(c);
     p.M = M;
     p.want_logits = 1;
+    cudaGraphExec_t ge = NULL; /* as launch_forward runs it */
+    if (use_staged(c, p) && (st = staged_get(c, p, &ge, err))) return st;
     CK(cudaEventRecord(c->ev0, c->stream), "recording an event");
-    for (int i = 0; i < reps; i++) CK(g4c_launch(&p, c->grid, c->smem, c->stream), "launching a forward");
+    for (int i = 0; i < reps; i++)
+        CK(ge ? cudaGraphLaunch(ge, c->stream) : g4c_launch(&p, c->grid, c->smem, c->stream), "launching a forward");
     CK(cudaEventRecord(c->ev1, c->stream), "recording an event");
     CK(cudaEventSynchronize(c->ev1), "running forwards");
     float ms = 0;

@@ -2,22 +2,32 @@
  * launch shape per stage, and one stage's launch. */
 #include "cuda/forward.cuh"
 
-/* the weight masks a one-token program can need, smallest first (the tensor-core procedures and
- * the wide kernels are not for single tokens) */
+/* the weight masks a program can need, smallest first: [0, 4) for one token (only the one-token tile
+ * compiled), [4, 8) for blocks of 2 .. G4C_WIDE_M - 1 tokens (verify blocks; every tile of the
+ * persistent kernel's narrow instantiations). The tensor-core procedures and the wide kernels have
+ * none. */
 static constexpr unsigned g4c_stage_masks[G4C_N_STAGE] = {
     G4C_KM_DENSE | G4C_KM_M1, G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_M1, G4C_KM_DENSE | G4C_KM_Q8 | G4C_KM_M1,
-    G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_Q8 | G4C_KM_M1};
+    G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_Q8 | G4C_KM_M1, G4C_KM_DENSE, G4C_KM_DENSE | G4C_KM_Q4, G4C_KM_DENSE | G4C_KM_Q8,
+    G4C_KM_DENSE | G4C_KM_Q4 | G4C_KM_Q8};
+/* the two-blocks-per-SM matmul kernel exists for one token only; blocks of tokens take the one-block one */
+template <unsigned TM> const void *g4c_stage_fn_mm1() {
+    if constexpr ((TM & G4C_KM_M1) != 0) return g4c_stage_fn<TM, 1>();
+    else return g4c_stage_fn<TM, 2>();
+}
 /* per instantiation: [0] every stage kind but matmuls (one block per SM: attention's 512-wide heads
  * need the registers and the shared memory), [1] matmul stages, two blocks per SM, [2] matmul
  * stages, one block per SM */
-#define G4C_STAGE_PAIR(i) \
-    {g4c_stage_fn<g4c_stage_masks[i], 0>(), g4c_stage_fn<g4c_stage_masks[i], 1>(), g4c_stage_fn<g4c_stage_masks[i], 2>()}
-static const void *const g4c_stage_fns[G4C_N_STAGE][3] = {G4C_STAGE_PAIR(0), G4C_STAGE_PAIR(1), G4C_STAGE_PAIR(2),
-                                                          G4C_STAGE_PAIR(3)};
+#define G4C_STAGE_ROW(i) \
+    {g4c_stage_fn<g4c_stage_masks[i], 0>(), g4c_stage_fn_mm1<g4c_stage_masks[i]>(), g4c_stage_fn<g4c_stage_masks[i], 2>()}
+static const void *const g4c_stage_fns[G4C_N_STAGE][3] = {G4C_STAGE_ROW(0), G4C_STAGE_ROW(1), G4C_STAGE_ROW(2),
+                                                          G4C_STAGE_ROW(3), G4C_STAGE_ROW(4), G4C_STAGE_ROW(5),
+                                                          G4C_STAGE_ROW(6), G4C_STAGE_ROW(7)};
 
-int g4c_stage_inst(unsigned kmask) {
-    if (kmask & (G4C_KM_MMA | G4C_KM_IQ)) return -1;
-    for (int i = 0; i < G4C_N_STAGE; i++)
+int g4c_stage_inst(unsigned kmask, int M) {
+    if ((kmask & (G4C_KM_MMA | G4C_KM_IQ)) || M < 1 || M >= G4C_WIDE_M) return -1;
+    const int first = M == 1 ? 0 : G4C_N_STAGE / 2;
+    for (int i = first; i < first + G4C_N_STAGE / 2; i++)
         if ((kmask & ~g4c_stage_masks[i] & ~(unsigned)G4C_KM_M1) == 0) return i;
     return -1;
 }
