@@ -87,8 +87,9 @@ g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsig
                         double *wbytes, g4_error *err);
 /* The staged decode for blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks; mode
  * from G4_CUDA_STAGED at creation, default 2): 0 the persistent kernel, 1 one launch per stage with
- * one-token matmuls two blocks per SM, 2 one launch per stage, one block per SM; the values are the
- * same bits in every mode. Returns the mode now in effect (an unknown one keeps the current). */
+ * one-token matmuls two blocks per SM, 2 one launch per stage, one block per SM, 3 as 1 but one
+ * block per SM (the next stage's blocks fit beside); the values are the same bits in every mode.
+ * Returns the mode now in effect (an unknown one keeps the current). */
 int g4_cuda_set_staged(g4_cuda *c, int mode);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);

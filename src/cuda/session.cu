@@ -151,7 +151,8 @@ struct g4_cuda {
     int staged;                          /* blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks) as one
                                             launch per stage (forward.cuh g4c_stage_kernel; use_staged): 2 (default)
                                             one block per SM; G4_CUDA_STAGED=1: one-token matmuls two blocks per
-                                            SM; 0: the persistent kernel */
+                                            SM; 3: one-token matmuls held to half an SM, one block per SM (room
+                                            for the next stage's); 0: the persistent kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs for one-token launches, by their params */
@@ -1156,7 +1157,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *se = getenv("G4_CUDA_STAGED"), *sp = getenv("G4_CUDA_STAGE_PF");
-        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 2 ? atoi(se) : 2;
+        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 3 ? atoi(se) : 2;
         c->stage_pf = sp ? atoi(sp) : 0;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
@@ -1322,10 +1323,12 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
     return G4_OK;
 }
 
-/* The staged decode: a one-token program's stages as one CUDA graph of launches (forward.cuh
- * g4c_stage_kernel), each chained to the one before by programmatic dependent launch. Matmul
- * stages get half an SM's shared memory (two blocks per SM when c->staged is 1), the others the
- * persistent kernel's. The params p are baked into the graph. */
+/* The staged decode: a program's stages as one CUDA graph of launches (forward.cuh
+ * g4c_stage_kernel), each chained to the one before by programmatic dependent launch. One-token
+ * matmul stages in modes 1 and 3 get the kernel held to half an SM (128 registers, half the shared
+ * memory): mode 1 launches two blocks per SM, mode 3 one, so that the next stage's blocks can be
+ * resident beside a running stage and make their L2 requests (G4_CUDA_STAGE_PF) during it. The
+ * other stages get the persistent kernel's shared memory. The params p are baked into the graph. */
 static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t *exec, g4_error *err) {
     const int inst = g4c_stage_inst(c->kmask, p0.M);
     if (inst < 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: no kernel for this block's weight types and size");
@@ -1333,7 +1336,7 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     CK(cudaGetDevice(&dev), "querying the device");
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying the device");
     CK(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "querying the device");
-    const int mmk = c->staged == 1 && p0.M == 1 ? 1 : 2;
+    const int mmk = (c->staged == 1 || c->staged == 3) && p0.M == 1 ? 1 : 2;
     size_t mm_smem = mmk == 1 ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
     if (mm_smem > c->smem) mm_smem = c->smem;
     const int mm_in = (int)((mm_smem - G4C_TAIL) / sizeof(float)) & ~3;
@@ -1350,7 +1353,8 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         const bool mm = o.kind == G4C_OP_MATMUL && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
         p.smem_in_floats = mm ? mm_in : c->smem_in;
         p.stage_pf = c->stage_pf;
-        e = g4c_stage_launch(inst, mm ? mmk : 0, &p, s, sms * (mm ? nb_mm : nb_other), mm ? mm_smem : c->smem, s > 0, c->stream);
+        const int per_sm = mm ? (c->staged == 3 ? 1 : nb_mm) : nb_other;
+        e = g4c_stage_launch(inst, mm ? mmk : 0, &p, s, sms * per_sm, mm ? mm_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
     if (!e) e = e2;
@@ -1958,7 +1962,7 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
-    if (mode < 0 || mode > 2 || mode == c->staged) return c->staged;
+    if (mode < 0 || mode > 3 || mode == c->staged) return c->staged;
     cudaStreamSynchronize(c->stream);
     for (auto &g : c->sg) { /* the cached graphs hold the other mode's launches */
         if (g.ge) cudaGraphExecDestroy(g.ge);
