@@ -8,8 +8,10 @@
 #      the persistent kernel, and drafted == undrafted compares them bit for bit);
 #   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
 #      upload (--staged; 0: the persistent kernel, 1: staged with matmuls two blocks per SM, 2:
-#      staged, one block per SM), the chained tokens compared with mode 0's; STAGED_PF="0 2 8"
-#      adds E4B bf16 runs under other G4_CUDA_STAGE_PF values.
+#      staged, one block per SM; 3: one-token matmuls on mode 1's half-SM kernel, one block per SM),
+#      the chained tokens and a k = 3 verify block's logits compared with the first mode's;
+#      STAGED_PF="0 2 8" adds E4B bf16 runs of mode STAGED_PF_MODE (default 3) under those
+#      G4_CUDA_STAGE_PF values (L2 requests per row team before the wait).
 #   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE ...]      (output: $OUT/staged.txt or ./staged.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ out=${OUT:-.}/staged.txt
 [ -d .gpu/fixtures ] || { mkdir -p .gpu/fixtures && tar -C .gpu/fixtures -xf .gpu/fixtures.tar.xz; }
 export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=.gpu/$name
-modes=${STAGED_MODES:-0 1 2}
+modes=${STAGED_MODES:-2 0 3}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
   fails=0
@@ -39,8 +41,8 @@ modes=${STAGED_MODES:-0 1 2}
       --no-breakdown --staged "$(echo $modes | tr ' ' ,)" 2>&1 | grep -v "^ *k=" || fails=$((fails + 1))
   done
   for pf in ${STAGED_PF:-}; do # the L2 requests before the wait (G4_CUDA_STAGE_PF), E4B bf16 at ctx 128
-    echo "== e4b bf16 staged=1 stage_pf=$pf"
-    G4_CUDA_STAGED=1 G4_CUDA_STAGE_PF=$pf timeout 300 $B/bench/gpu_bench --arch e4b --storage bf16 --ctx 128 \
+    echo "== e4b bf16 staged=${STAGED_PF_MODE:-3} stage_pf=$pf"
+    G4_CUDA_STAGED=${STAGED_PF_MODE:-3} G4_CUDA_STAGE_PF=$pf timeout 300 $B/bench/gpu_bench --arch e4b --storage bf16 --ctx 128 \
       --tokens "${STAGED_TOKENS:-128}" --no-breakdown 2>&1 | grep -E "^ +128 " || fails=$((fails + 1))
   done
   echo "== failures: $fails"
