@@ -3,9 +3,9 @@
 # g4c_stage_kernel) against the persistent kernel, on a GPU machine in one call, with prebuilt
 # binaries (scripts/gpu_prep.sh bins BUILD NAME; carry .gpu/NAME.tar.xz, .gpu/lib and
 # .gpu/fixtures.tar.xz, made by `tar -C ../shared/fixtures -cJf .gpu/fixtures.tar.xz gemma4`):
-#   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) with G4_CUDA_STAGED=0/1/2:
-#      every check must pass in every mode (one-token steps run staged, verify blocks and prompts
-#      the persistent kernel, and drafted == undrafted compares them bit for bit);
+#   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) in each mode (STAGED_MODES,
+#      default "2 0 3"): every check must pass in every mode (blocks of 1-7 tokens run staged,
+#      longer prompts the persistent kernel);
 #   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
 #      upload (--staged; 0: the persistent kernel, 1: staged with matmuls two blocks per SM, 2:
 #      staged, one block per SM; 3: one-token matmuls on mode 1's half-SM kernel, one block per SM),
