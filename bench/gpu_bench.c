@@ -139,6 +139,13 @@ done:
     free(wb);
 }
 
+/* GPU seconds per forward of M tokens at position 128 (rows staged, all logits, nothing committed),
+ * after 3 unmeasured ones: as a verify block runs */
+static g4_status time_block(g4_session *s, const int32_t *toks, int M, double *secs, g4_error *err) {
+    g4_status st = g4_cuda_time_forward(s->cuda, 128, toks, M, 3, secs, err);
+    return st ? st : g4_cuda_time_forward(s->cuda, 128, toks, M, 20, secs, err);
+}
+
 static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, const bench_opts *bo) {
     g4_error err = {0};
     g4_model *m = NULL;
@@ -257,10 +264,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             double one = 0, four = 0;
             g4_session_reset(s);
             if (vref && vcur && !g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) &&
-                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 3, &one, &err) &&
-                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &one, &err) &&
-                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 4, 3, &four, &err) &&
-                !g4_cuda_time_forward(s->cuda, 128, prompt + 128, 4, 20, &four, &err) &&
+                !time_block(s, prompt + 128, 1, &one, &err) && !time_block(s, prompt + 128, 4, &four, &err) &&
                 !g4_cuda_forward(s->cuda, 128, prompt + 128, 4, 0, 1, first ? vref : vcur, 0, &err))
                 printf("  | verify k=3 at ctx 128 %.3f ms = %.2fx its step%s", four * 1e3, four / one,
                        first ? "" : memcmp(vref, vcur, sizeof(float) * vl) ? " (LOGITS DIFFER)" : " (same logits)");
@@ -360,11 +364,10 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
     g4_session_reset(s);
     if (!g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err)) {
         double one = 0, t = 0;
-        g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 3, &one, &err);
-        g4_cuda_time_forward(s->cuda, 128, prompt + 128, 1, 20, &one, &err);
-        printf("  verify block (staged, all logits) at ctx 128: M=1 %.3f ms", one * 1e3);
+        time_block(s, prompt + 128, 1, &one, &err);
+        printf("  verify block (rows staged, all logits) at ctx 128: M=1 %.3f ms", one * 1e3);
         for (int k = 1; k <= 6; k++) {
-            if (g4_cuda_time_forward(s->cuda, 128, prompt + 128, k + 1, 20, &t, &err)) break;
+            if (time_block(s, prompt + 128, k + 1, &t, &err)) break;
             printf(" | k=%d %.2fx", k, t / one);
         }
         printf("\n");

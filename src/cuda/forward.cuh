@@ -3067,8 +3067,8 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
  * matmul stages, one block per SM): the same stage
  * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
  * the launch boundary. Each kernel first lets the next one start launching (its blocks become
- * resident wherever this one's leave room: the staged kernels are sized for two blocks per SM),
- * copies its stage description into shared memory and asks L2 for its first weight rows - all of
+ * resident wherever this one's leave room), copies its stage description into shared memory and,
+ * with p.stage_pf > 0, asks L2 for its first weight rows - all of
  * which depend on nothing the previous stage writes - and only then waits until the previous
  * kernel has finished and its writes are visible. Waiting is transitive (no kernel completes before
  * its own wait returns), so the stream's order of writes holds across the whole chain. */

@@ -155,7 +155,7 @@ struct g4_cuda {
                                             for the next stage's); 0: the persistent kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
-    struct staged_slot {                 /* the staged decode's graphs for one-token launches, by their params */
+    struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
         unsigned gen;
         cudaGraphExec_t ge;
