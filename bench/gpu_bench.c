@@ -12,7 +12,7 @@
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
  *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
  *                  [--trace-prefill]
- *   staged       (--staged 0,1,2) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
+ *   staged       (--staged 2,4,0) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
  *                upload, at the first two contexts, its tokens compared with the first mode's */
 #include <stdio.h>
 #include <stdlib.h>
@@ -433,7 +433,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 0,1,2] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
             return 2;
         }
     }

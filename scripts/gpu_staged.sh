@@ -4,11 +4,12 @@
 # binaries (scripts/gpu_prep.sh bins BUILD NAME; carry .gpu/NAME.tar.xz, .gpu/lib and
 # .gpu/fixtures.tar.xz, made by `tar -C ../shared/fixtures -cJf .gpu/fixtures.tar.xz gemma4`):
 #   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) in each mode (STAGED_MODES,
-#      default "2 0 3"): every check must pass in every mode (blocks of 1-7 tokens run staged,
+#      default "2 4 0"): every check must pass in every mode (blocks of 1-7 tokens run staged,
 #      longer prompts the persistent kernel);
 #   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
 #      upload (--staged; 0: the persistent kernel, 1: staged with matmuls two blocks per SM, 2:
-#      staged, one block per SM; 3: one-token matmuls on mode 1's half-SM kernel, one block per SM),
+#      staged, one block per SM; 3: one-token matmuls on mode 1's half-SM kernel, one block per SM;
+#      4: one-token matmuls through shared-memory weight rings, half an SM, one block per SM),
 #      the chained tokens and a k = 3 verify block's logits compared with the first mode's;
 #      STAGED_PF="0 2 8" adds E4B bf16 runs of mode STAGED_PF_MODE (default 3) under those
 #      G4_CUDA_STAGE_PF values (L2 requests per row team before the wait).
@@ -22,7 +23,7 @@ out=${OUT:-.}/staged.txt
 [ -d .gpu/fixtures ] || { mkdir -p .gpu/fixtures && tar -C .gpu/fixtures -xf .gpu/fixtures.tar.xz; }
 export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=.gpu/$name
-modes=${STAGED_MODES:-2 0 3}
+modes=${STAGED_MODES:-2 4 0}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
   fails=0

@@ -122,6 +122,13 @@ DEV void cp4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 DEV void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* cp16 under the L2 policy pol; waiting until at most N of the thread's commit groups are pending */
+DEV void cp16_pol(void *dst, const void *src, unsigned long long pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+                 "l"(src), "l"(pol)
+                 : "memory");
+}
+template <int N> DEV void cp_wait_n() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 DEV int px(int i) { return i + ((i >> 5) << 2); } /* padded input-tile index (program.h) */
 
@@ -264,6 +271,111 @@ template <> __device__ __forceinline__ void unpack<G4C_F32>(const uint4 &w, floa
 
 /* Quantised codes become exact floats as 2^23 + q (q in the low mantissa bits) minus 2^23 and the
  * zero point (signed codes) or the centre (affine codes, whose bias absorbs it). */
+/* One 16-byte chunk of each of two rows (wa, wb; for quantised rows their chunk's scales sc and
+ * biases bz) against MTT tokens' inputs xc (stride ldx): the chunk's fmaf chains into the dense
+ * partials p0/p1 or, quantised, its exact code products scaled into a0/a1. dot2 and the staged
+ * ring kernel (mm_tile_ring) both run every chunk through it, so their sums are the same operations
+ * in the same order. */
+template <int T, int MTT>
+DEV void chunk_dot(const uint4 &wa, const uint4 &wb, float sc0, float sc1, float bz0, float bz1, const float *xc, int ldx,
+                   int mt, bool sgn, bool bias, float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], float (&a0)[MTT],
+                   float (&a1)[MTT]) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+    if (!Q) {
+        float f0[E], f1[E];
+        unpack<T>(wa, f0);
+        unpack<T>(wb, f1);
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                if (m < mt) {
+                    const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                    constexpr int h = 1 % G4C_BACC; /* .z, .w into the second chain */
+                    p0[m][0] = fmaf(f0[e], v.x, p0[m][0]);
+                    p1[m][0] = fmaf(f1[e], v.x, p1[m][0]);
+                    p0[m][0] = fmaf(f0[e + 1], v.y, p0[m][0]);
+                    p1[m][0] = fmaf(f1[e + 1], v.y, p1[m][0]);
+                    p0[m][h] = fmaf(f0[e + 2], v.z, p0[m][h]);
+                    p1[m][h] = fmaf(f1[e + 2], v.z, p1[m][h]);
+                    p0[m][h] = fmaf(f0[e + 3], v.w, p0[m][h]);
+                    p1[m][h] = fmaf(f1[e + 3], v.w, p1[m][h]);
+                }
+            }
+        }
+    } else {
+        /* per chunk: d = codes · x (float, exact codes), then acc += s·d (+ b·Σx) */
+        /* codes as bytes: Q8 the words themselves (sign flipped once per word), Q4 the even
+         * (low nibble) and odd (high nibble) elements of each word in two byte vectors; a
+         * byte permute then builds 2^23 + q directly */
+        const unsigned flip = T == G4C_Q8 && sgn ? 0x80808080u : 0u;
+        const unsigned ww0[4] = {wa.x ^ flip, wa.y ^ flip, wa.z ^ flip, wa.w ^ flip};
+        const unsigned ww1[4] = {wb.x ^ flip, wb.y ^ flip, wb.z ^ flip, wb.w ^ flip};
+        /* d = codes · x in G4C_QACC interleaved partial sums (element e into partial e %
+         * G4C_QACC, each an fmaf chain in element order), added pairwise at the end: short
+         * dependency chains for the two warps a scheduler has */
+        float d0[MTT][G4C_QACC], d1[MTT][G4C_QACC], sx[MTT];
+#pragma unroll
+        for (int m = 0; m < MTT; m++) {
+            sx[m] = 0.0f;
+#pragma unroll
+            for (int a = 0; a < G4C_QACC; a++) d0[m][a] = d1[m][a] = 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            float f0[4], f1[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int el = e + i;
+                unsigned b0, b1, sel;
+                if (T == G4C_Q8) {
+                    b0 = ww0[el >> 2];
+                    b1 = ww1[el >> 2];
+                    sel = el & 3;
+                } else {
+                    const int sh = (el & 1) * 4; /* odd elements: the high nibbles */
+                    b0 = (ww0[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                    b1 = (ww1[el >> 3] >> sh) & 0x0F0F0F0Fu;
+                    sel = (el & 7) >> 1;
+                }
+                /* signed and affine codes: 2^23 + q - (2^23 + 128 | 8); unsigned without a
+                 * bias: 2^23 + q - 2^23 */
+                const float z = T == G4C_Q8 ? (sgn || bias ? 8388736.0f : 8388608.0f) : (sgn || bias ? 8388616.0f : 8388608.0f);
+                f0[i] = __uint_as_float(__byte_perm(b0, 0x4B000000u, 0x7540u + sel)) - z;
+                f1[i] = __uint_as_float(__byte_perm(b1, 0x4B000000u, 0x7540u + sel)) - z;
+            }
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                if (m < mt) {
+                    const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
+                    constexpr int A = G4C_QACC;
+                    d0[m][(e + 0) % A] = fmaf(f0[0], v.x, d0[m][(e + 0) % A]);
+                    d1[m][(e + 0) % A] = fmaf(f1[0], v.x, d1[m][(e + 0) % A]);
+                    d0[m][(e + 1) % A] = fmaf(f0[1], v.y, d0[m][(e + 1) % A]);
+                    d1[m][(e + 1) % A] = fmaf(f1[1], v.y, d1[m][(e + 1) % A]);
+                    d0[m][(e + 2) % A] = fmaf(f0[2], v.z, d0[m][(e + 2) % A]);
+                    d1[m][(e + 2) % A] = fmaf(f1[2], v.z, d1[m][(e + 2) % A]);
+                    d0[m][(e + 3) % A] = fmaf(f0[3], v.w, d0[m][(e + 3) % A]);
+                    d1[m][(e + 3) % A] = fmaf(f1[3], v.w, d1[m][(e + 3) % A]);
+                    if (bias) sx[m] = ((sx[m] + v.x) + v.y) + (v.z + v.w);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MTT; m++) {
+            if (m < mt) {
+                a0[m] = fmaf(sc0, qsum<G4C_QACC>(d0[m]), a0[m]);
+                a1[m] = fmaf(sc1, qsum<G4C_QACC>(d1[m]), a1[m]);
+                if (bias) {
+                    a0[m] = fmaf(bz0, sx[m], a0[m]);
+                    a1[m] = fmaf(bz1, sx[m], a1[m]);
+                }
+            }
+        }
+    }
+}
+
 /* acc[r][m] = w_r · x_m (r < 2) for team warp j of S. Lane l of warp j owns 16-byte chunks
  * 32j + l, 32j + l + 32S, ... in ascending order, one fmaf accumulator per (row, token); then the
  * xor butterfly (the caller adds the S warp sums in order). The unroll U only groups loads ahead
@@ -289,7 +401,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
 #pragma unroll 1
     for (int c0 = 32 * j + lane; c0 < nch; c0 += step * U) {
         uint4 wv0[U], wv1[U];
-        float s0[U], s1[U], b0[U], b1[U];
+        float s0[U] = {}, s1[U] = {}, b0[U] = {}, b1[U] = {}; /* dense rows: unused */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = c0 + step * u;
@@ -313,99 +425,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
         for (int u = 0; u < U; u++) {
             const int c = c0 + step * u;
             if (c >= nch) continue;
-            const float *xc = x + px(c * E);
-            if (!Q) {
-                float f0[E], f1[E];
-                unpack<T>(wv0[u], f0);
-                unpack<T>(wv1[u], f1);
-#pragma unroll
-                for (int e = 0; e < E; e += 4) {
-#pragma unroll
-                    for (int m = 0; m < MTT; m++) {
-                        if (m < mt) {
-                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
-                            constexpr int h = 1 % G4C_BACC; /* .z, .w into the second chain */
-                            p0[m][0] = fmaf(f0[e], v.x, p0[m][0]);
-                            p1[m][0] = fmaf(f1[e], v.x, p1[m][0]);
-                            p0[m][0] = fmaf(f0[e + 1], v.y, p0[m][0]);
-                            p1[m][0] = fmaf(f1[e + 1], v.y, p1[m][0]);
-                            p0[m][h] = fmaf(f0[e + 2], v.z, p0[m][h]);
-                            p1[m][h] = fmaf(f1[e + 2], v.z, p1[m][h]);
-                            p0[m][h] = fmaf(f0[e + 3], v.w, p0[m][h]);
-                            p1[m][h] = fmaf(f1[e + 3], v.w, p1[m][h]);
-                        }
-                    }
-                }
-            } else {
-                /* per chunk: d = codes · x (float, exact codes), then acc += s·d (+ b·Σx) */
-                /* codes as bytes: Q8 the words themselves (sign flipped once per word), Q4 the even
-                 * (low nibble) and odd (high nibble) elements of each word in two byte vectors; a
-                 * byte permute then builds 2^23 + q directly */
-                const unsigned flip = T == G4C_Q8 && sgn ? 0x80808080u : 0u;
-                const unsigned ww0[4] = {wv0[u].x ^ flip, wv0[u].y ^ flip, wv0[u].z ^ flip, wv0[u].w ^ flip};
-                const unsigned ww1[4] = {wv1[u].x ^ flip, wv1[u].y ^ flip, wv1[u].z ^ flip, wv1[u].w ^ flip};
-                /* d = codes · x in G4C_QACC interleaved partial sums (element e into partial e %
-                 * G4C_QACC, each an fmaf chain in element order), added pairwise at the end: short
-                 * dependency chains for the two warps a scheduler has */
-                float d0[MTT][G4C_QACC], d1[MTT][G4C_QACC], sx[MTT];
-#pragma unroll
-                for (int m = 0; m < MTT; m++) {
-                    sx[m] = 0.0f;
-#pragma unroll
-                    for (int a = 0; a < G4C_QACC; a++) d0[m][a] = d1[m][a] = 0.0f;
-                }
-#pragma unroll
-                for (int e = 0; e < E; e += 4) {
-                    float f0[4], f1[4];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const int el = e + i;
-                        unsigned b0, b1, sel;
-                        if (T == G4C_Q8) {
-                            b0 = ww0[el >> 2];
-                            b1 = ww1[el >> 2];
-                            sel = el & 3;
-                        } else {
-                            const int sh = (el & 1) * 4; /* odd elements: the high nibbles */
-                            b0 = (ww0[el >> 3] >> sh) & 0x0F0F0F0Fu;
-                            b1 = (ww1[el >> 3] >> sh) & 0x0F0F0F0Fu;
-                            sel = (el & 7) >> 1;
-                        }
-                        /* signed and affine codes: 2^23 + q - (2^23 + 128 | 8); unsigned without a
-                         * bias: 2^23 + q - 2^23 */
-                        const float z = T == G4C_Q8 ? (sgn || bias ? 8388736.0f : 8388608.0f) : (sgn || bias ? 8388616.0f : 8388608.0f);
-                        f0[i] = __uint_as_float(__byte_perm(b0, 0x4B000000u, 0x7540u + sel)) - z;
-                        f1[i] = __uint_as_float(__byte_perm(b1, 0x4B000000u, 0x7540u + sel)) - z;
-                    }
-#pragma unroll
-                    for (int m = 0; m < MTT; m++) {
-                        if (m < mt) {
-                            const float4 v = *reinterpret_cast<const float4 *>(xc + (size_t)m * ldx + e);
-                            constexpr int A = G4C_QACC;
-                            d0[m][(e + 0) % A] = fmaf(f0[0], v.x, d0[m][(e + 0) % A]);
-                            d1[m][(e + 0) % A] = fmaf(f1[0], v.x, d1[m][(e + 0) % A]);
-                            d0[m][(e + 1) % A] = fmaf(f0[1], v.y, d0[m][(e + 1) % A]);
-                            d1[m][(e + 1) % A] = fmaf(f1[1], v.y, d1[m][(e + 1) % A]);
-                            d0[m][(e + 2) % A] = fmaf(f0[2], v.z, d0[m][(e + 2) % A]);
-                            d1[m][(e + 2) % A] = fmaf(f1[2], v.z, d1[m][(e + 2) % A]);
-                            d0[m][(e + 3) % A] = fmaf(f0[3], v.w, d0[m][(e + 3) % A]);
-                            d1[m][(e + 3) % A] = fmaf(f1[3], v.w, d1[m][(e + 3) % A]);
-                            if (bias) sx[m] = ((sx[m] + v.x) + v.y) + (v.z + v.w);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int m = 0; m < MTT; m++) {
-                    if (m < mt) {
-                        a0[m] = fmaf(s0[u], qsum<G4C_QACC>(d0[m]), a0[m]);
-                        a1[m] = fmaf(s1[u], qsum<G4C_QACC>(d1[m]), a1[m]);
-                        if (bias) {
-                            a0[m] = fmaf(b0[u], sx[m], a0[m]);
-                            a1[m] = fmaf(b1[u], sx[m], a1[m]);
-                        }
-                    }
-                }
-            }
+            chunk_dot<T, MTT>(wv0[u], wv1[u], s0[u], s1[u], b0[u], b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
         }
     }
 #pragma unroll
@@ -827,6 +847,56 @@ DEV float mm_store(const g4c_op *op, const g4c_part *P0, int step, size_t tm, in
     return v;
 }
 
+/* One item's outputs (rows r0, r0 + 1 of part P0, or a gate/up pair's row r0) from the warps'
+ * sums acc: a team of S > 1 warps adds its warp sums in warp order (team-partials buffer parity,
+ * toggled), then the team's lead lane runs the epilogue and tracks the argmax candidates. */
+template <int MTT>
+DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int step, int t0, int mt, int r0, int has1,
+                     int pair, int S, int &parity, float (&acc)[2][G4C_MT], float (&bv)[G4C_MT], int (&bi)[G4C_MT]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, team = warp / S;
+    const bool lead = warp % S == 0;
+    if (S > 1) { /* the team's warp sums, added in warp order by warp 0 */
+        float *tp = tl.tp + (size_t)parity * G4C_WARPS * 2 * G4C_MT;
+        parity ^= 1;
+        if (lane == 0)
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                tp[(warp * 2 + 0) * G4C_MT + m] = acc[0][m];
+                tp[(warp * 2 + 1) * G4C_MT + m] = acc[1][m];
+            }
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * S) : "memory");
+        if (lead && lane == 0)
+#pragma unroll
+            for (int m = 0; m < MTT; m++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    float v = tp[(warp * 2 + rr) * G4C_MT + m];
+                    for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
+                    acc[rr][m] = v;
+                }
+    }
+    if (lead && lane == 0) {
+        float *y = P0->y + (size_t)step * P0->y_step;
+        const int ldy = P0->ldy, track = P0->argmax;
+#pragma unroll
+        for (int m = 0; m < MTT; m++) {
+            const size_t tm = (size_t)(t0 + m);
+            if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                if (m < mt && !pair && (rr == 0 || has1)) {
+                    const int r = r0 + rr;
+                    const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
+                    if (track && better(v, r, bv[m], bi[m])) {
+                        bv[m] = v;
+                        bi[m] = r;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
  * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
  * its accumulators in registers; the token count only decides how many accumulators exist, each
@@ -860,46 +930,7 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
         const g4c_part *P0 = &op->part[pi];
         float acc[2][G4C_MT];
         dot2<T, MTT, U8>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol);
-        if (S > 1) { /* the team's warp sums, added in warp order by warp 0 */
-            float *tp = tl.tp + (size_t)parity * G4C_WARPS * 2 * G4C_MT;
-            parity ^= 1;
-            if (lane == 0)
-#pragma unroll
-                for (int m = 0; m < MTT; m++) {
-                    tp[(warp * 2 + 0) * G4C_MT + m] = acc[0][m];
-                    tp[(warp * 2 + 1) * G4C_MT + m] = acc[1][m];
-                }
-            asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * S) : "memory");
-            if (lead && lane == 0)
-#pragma unroll
-                for (int m = 0; m < MTT; m++)
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        float v = tp[(warp * 2 + rr) * G4C_MT + m];
-                        for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
-                        acc[rr][m] = v;
-                    }
-        }
-        if (lead && lane == 0) {
-            float *y = P0->y + (size_t)step * P0->y_step;
-            const int ldy = P0->ldy, track = P0->argmax;
-#pragma unroll
-            for (int m = 0; m < MTT; m++) {
-                const size_t tm = (size_t)(t0 + m);
-                if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++) {
-                    if (m < mt && !pair && (rr == 0 || has1)) {
-                        const int r = r0 + rr;
-                        const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
-                        if (track && better(v, r, bv[m], bi[m])) {
-                            bv[m] = v;
-                            bi[m] = r;
-                        }
-                    }
-                }
-            }
-        }
+        mm_item_out<MTT>(op, P0, tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
     }
     if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
 }
@@ -3059,12 +3090,161 @@ __global__ void __launch_bounds__(G4C_THREADS, 1) g4c_kernel(const __grid_consta
 /* the instantiation's kernel as a host pointer for the launch table (forward.cu) */
 template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_kernel<TM>; }
 
+/* ---- the staged decode's ring matmul (one token) ---------------------------------------------- */
+
+/* A warp's ring: R slots, each one chunk of both rows per lane ([row][lane] 16 bytes: conflict-free
+ * reads) and, for quantised rows, the chunk's scale and bias words ([s0, s1, b0, b1][lane]). */
+template <int T> struct ring_of {
+    static constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+    static constexpr int R = T == G4C_Q4 ? 4 : T == G4C_Q8 ? 5 : 8, SLOT = Q ? 1536 : 1024;
+};
+static_assert(8 * 1024 <= G4C_RING_WARP && 5 * 1536 <= G4C_RING_WARP && 4 * 1536 <= G4C_RING_WARP, "a ring exceeds its room");
+
+/* the 4-byte word holding a row's scale or bias g (rows and their parameter blocks are 4-aligned,
+ * so the word lies within the row), and that parameter from the word */
+DEV const void *ring_pword(const char *row, int off, int stype, int g) {
+    const char *a = row + off + (stype == G4C_S_F32 ? 4 * g : 2 * g);
+    return (const void *)((uintptr_t)a & ~(uintptr_t)3);
+}
+DEV float ring_param(unsigned word, const char *row, int off, int stype, int g) {
+    if (stype == G4C_S_F32) return __uint_as_float(word);
+    const unsigned h = ((uintptr_t)(row + off + 2 * g) & 2) ? word >> 16 : word & 0xFFFFu;
+    return stype == G4C_S_F16 ? f16f(h) : bf16f(h);
+}
+
+/* a lane's next chunk to copy: item it (it >= total: none left), chunk c of its rows w0, w1 */
+typedef struct {
+    int it, c, pi;
+    const char *w0, *w1;
+} ring_cur;
+
+DEV void ring_seek(const g4c_op *op, const mm_shape &sh, int total, ring_cur &rc, int it, int cf, int nch) {
+    rc.it = cf < nch ? it : total; /* a lane past the rows' last chunk copies nothing */
+    if (rc.it < total) {
+        int r0, has1;
+        rc.pi = mm_item(op, sh, it, &r0, &has1, &rc.w0, &rc.w1);
+        rc.c = cf;
+    }
+}
+
+/* copy the lane's next chunk (if any) into slot sl as one commit group (empty when none is left:
+ * the count of groups per slot stays the same for every lane) */
+template <int T>
+DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &rc, char *sl, int cf, int step, int nch, int nteams,
+                    unsigned long long pol) {
+    const int lane = threadIdx.x & 31;
+    if (rc.it < total) {
+        cp16_pol(sl + lane * 16, rc.w0 + (size_t)rc.c * 16, pol);
+        cp16_pol(sl + 512 + lane * 16, rc.w1 + (size_t)rc.c * 16, pol);
+        if constexpr (ring_of<T>::Q) {
+            const g4c_mat &wm = op->part[rc.pi].w;
+            const int g = rc.c * G4C_CHUNK_ELEMS(T) / wm.group;
+            cp4(sl + 1024 + lane * 4, ring_pword(rc.w0, wm.sc_off, wm.stype, g));
+            cp4(sl + 1152 + lane * 4, ring_pword(rc.w1, wm.sc_off, wm.stype, g));
+            if (wm.flags & G4C_QF_BIAS) {
+                cp4(sl + 1280 + lane * 4, ring_pword(rc.w0, wm.bi_off, wm.stype, g));
+                cp4(sl + 1408 + lane * 4, ring_pword(rc.w1, wm.bi_off, wm.stype, g));
+            }
+        }
+        rc.c += step;
+        if (rc.c >= nch) ring_seek(op, sh, total, rc, rc.it + nteams, cf, nch);
+    }
+    cp_commit();
+}
+
+/* A one-token matmul stage of the staged decode (mode 4) with its weights streamed through
+ * shared memory: each lane copies its own chunks (cp.async) into its warp's ring of R slots, R
+ * ahead of their use. The first R go out before griddepcontrol.wait - weights depend on no stage -
+ * so a stage's first bytes are in flight while the previous stage still runs (its kernel holds half
+ * an SM, this one the other half), and no register holds a load in flight. Per chunk the
+ * arithmetic is dot2's (chunk_dot), in the same order; items, team sums, the epilogue and the
+ * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode. */
+template <int T>
+DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
+    typedef ring_of<T> RC;
+    constexpr int E = G4C_CHUNK_ELEMS(T), R = RC::R;
+    constexpr bool Q = RC::Q;
+    const tail_t tl = tail_of(sm, p);
+    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
+    const mm_shape sh = mm_shape_of(op, p);
+    const int total = m_begin < M ? sh.total : 0, S = op->split;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nch = K / E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tpb = G4C_WARPS / S;
+    const int tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb, step = 32 * S, cf = 32 * (warp % S) + lane;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * G4C_RING_WARP;
+    ring_cur rc;
+    ring_seek(op, sh, total, rc, tg, cf, nch);
+#pragma unroll
+    for (int k = 0; k < R; k++) ring_issue<T>(op, sh, total, rc, ring + k * RC::SLOT, cf, step, nch, nteams, pol);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    int amax = 0;
+    for (int i = 0; i < sh.nparts; i++)
+        if (op->part[i].argmax) amax = op->part[i].argmax;
+    if (m_begin < M) {
+        load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0);
+        int parity = 0, slot = 0;
+        float bv[G4C_MT];
+        int bi[G4C_MT];
+#pragma unroll
+        for (int m = 0; m < G4C_MT; m++) {
+            bv[m] = -INFINITY;
+            bi[m] = INT_MAX;
+        }
+#pragma unroll 1
+        for (int it = tg; it < total; it += nteams) {
+            int r0, has1;
+            const char *w0, *w1;
+            const int pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+            const g4c_part *P0 = &op->part[pi];
+            const g4c_mat &wm = P0->w;
+            const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
+            float a0[1] = {0.0f}, a1[1] = {0.0f}, p0[1][G4C_BACC] = {}, p1[1][G4C_BACC] = {};
+#pragma unroll 1
+            for (int c = cf; c < nch; c += step) {
+                cp_wait_n<R - 1>();
+                const char *sl = ring + slot * RC::SLOT;
+                const uint4 wa = *reinterpret_cast<const uint4 *>(sl + lane * 16);
+                const uint4 wb = *reinterpret_cast<const uint4 *>(sl + 512 + lane * 16);
+                float sc0 = 0.0f, sc1 = 0.0f, bz0 = 0.0f, bz1 = 0.0f;
+                if constexpr (Q) {
+                    const int g = c * E / wm.group;
+                    const unsigned *sw = reinterpret_cast<const unsigned *>(sl + 1024);
+                    sc0 = ring_param(sw[lane], w0, wm.sc_off, wm.stype, g);
+                    sc1 = ring_param(sw[32 + lane], w1, wm.sc_off, wm.stype, g);
+                    const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f; /* as dot2 */
+                    if (bias) {
+                        bz0 = fmaf(zc, sc0, ring_param(sw[64 + lane], w0, wm.bi_off, wm.stype, g));
+                        bz1 = fmaf(zc, sc1, ring_param(sw[96 + lane], w1, wm.bi_off, wm.stype, g));
+                    }
+                }
+                chunk_dot<T, 1>(wa, wb, sc0, sc1, bz0, bz1, sm + px(c * E), ldk, 1, sgn, bias, p0, p1, a0, a1);
+                /* the slot is free once its values have been used: the lane's next chunk, R ahead */
+                ring_issue<T>(op, sh, total, rc, ring + slot * RC::SLOT, cf, step, nch, nteams, pol);
+                slot = slot + 1 == R ? 0 : slot + 1;
+            }
+            if (!Q) {
+                a0[0] = qsum<G4C_BACC>(p0[0]);
+                a1[0] = qsum<G4C_BACC>(p1[0]);
+            }
+            float acc[2][G4C_MT];
+            acc[0][0] = warp_sum_f(a0[0]);
+            acc[1][0] = warp_sum_f(a1[0]);
+            mm_item_out<1>(op, P0, tl, 0, m_begin, 1, r0, has1, sh.pair, S, parity, acc, bv, bi);
+        }
+        if (amax) block_argmax_store(p, tl, bv, bi, m_begin, 1);
+        __syncthreads();
+    }
+    if (amax) finish_argmax(p, m_begin, M, amax, 0, 0, tl.flag);
+}
+
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
 /* Stage s of a program of fewer than G4C_WIDE_M tokens (TM with G4C_KM_M1: one token, only its tile
  * compiled), as a launch of its own (MM 0: any stage but matmuls, one block per SM; MM 1: matmul
  * stages of one token, two blocks per SM (128 registers, fewer loads ahead: G4C_KM_LEAN); MM 2:
- * matmul stages, one block per SM): the same stage
+ * matmul stages, one block per SM; MM 3: one-token matmul stages through shared-memory weight
+ * rings (mm_ring), half an SM each, one block per SM): the same stage
  * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
  * the launch boundary. Each kernel first lets the next one start launching (its blocks become
  * resident wherever this one's leave room), copies its stage description into shared memory and,
@@ -3073,7 +3253,7 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
  * kernel has finished and its writes are visible. Waiting is transitive (no kernel completes before
  * its own wait returns), so the stream's order of writes holds across the whole chain. */
 template <unsigned TM, int MM>
-__global__ void __launch_bounds__(G4C_THREADS, MM == 1 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
+__global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM == 3 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
     extern __shared__ __align__(16) float sm[];
     static_assert((TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs the narrow kernels' stages");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -3086,6 +3266,19 @@ __global__ void __launch_bounds__(G4C_THREADS, MM == 1 ? 2 : 1) g4c_stage_kernel
     }
     __syncthreads();
     const g4c_op *op = tl.ops;
+    if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
+        if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
+            switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
+            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring<G4C_BF16>(op, p, sm); return;
+            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring<G4C_F16>(op, p, sm); return;
+            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring<G4C_Q8>(op, p, sm); return;
+            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring<G4C_Q4>(op, p, sm); return;
+            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring<G4C_F32>(op, p, sm); return;
+            }
+        }
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        return;
+    }
     if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
         const int warp = threadIdx.x >> 5, S = op->split;
         if ((threadIdx.x & 31) == 0 && warp % S == 0) {

@@ -34,6 +34,7 @@ enum {
     G4C_MAXGROUP = 16,   /* query heads per KV head */
     G4C_MAXD = 512,      /* head dim */
     G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
+    G4C_RING_WARP = 8192, /* the staged ring kernel (forward.cuh mm_ring): each warp's weight ring, after the tail */
     G4C_IN_NPT = 6144 / G4C_THREADS, /* normed input rows: elements per thread (K <= 6144) */
     G4C_MMA_MT = 32,     /* tokens per input tile of a tensor-core stage (4 groups of 8) */
     G4C_MMA_MAXITEMS = 4096, /* tensor-core stages split K until this many (row tile, segment) items */

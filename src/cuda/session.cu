@@ -152,7 +152,9 @@ struct g4_cuda {
                                             launch per stage (forward.cuh g4c_stage_kernel; use_staged): 2 (default)
                                             one block per SM; G4_CUDA_STAGED=1: one-token matmuls two blocks per
                                             SM; 3: one-token matmuls held to half an SM, one block per SM (room
-                                            for the next stage's); 0: the persistent kernel */
+                                            for the next stage's); 4: as 3, the matmuls' weights through
+                                            shared-memory rings, their first copies before the wait
+                                            (forward.cuh mm_ring); 0: the persistent kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
@@ -1157,7 +1159,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *se = getenv("G4_CUDA_STAGED"), *sp = getenv("G4_CUDA_STAGE_PF");
-        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 3 ? atoi(se) : 2;
+        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 4 ? atoi(se) : 2;
         c->stage_pf = sp ? atoi(sp) : 0;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
@@ -1325,10 +1327,12 @@ static g4_status set_tokens(g4_cuda *c, int pos, const int32_t *tokens, int M, g
 
 /* The staged decode: a program's stages as one CUDA graph of launches (forward.cuh
  * g4c_stage_kernel), each chained to the one before by programmatic dependent launch. One-token
- * matmul stages in modes 1 and 3 get the kernel held to half an SM (128 registers, half the shared
- * memory): mode 1 launches two blocks per SM, mode 3 one, so that the next stage's blocks can be
- * resident beside a running stage and make their L2 requests (G4_CUDA_STAGE_PF) during it. The
- * other stages get the persistent kernel's shared memory. The params p are baked into the graph. */
+ * matmul stages in modes 1, 3 and 4 get a kernel held to half an SM (128 registers, half the shared
+ * memory): mode 1 launches two blocks per SM, modes 3 and 4 one, so that the next stage's blocks can
+ * be resident beside a running stage and start during it (mode 3: L2 requests, G4_CUDA_STAGE_PF;
+ * mode 4: the first copies into its weight rings, whose room comes out of the input tile's). A
+ * matmul stage whose input tile does not fit that half, and every other stage, gets the persistent
+ * kernel's shared memory. The params p are baked into the graph. */
 static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t *exec, g4_error *err) {
     const int inst = g4c_stage_inst(c->kmask, p0.M);
     if (inst < 0) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: no kernel for this block's weight types and size");
@@ -1336,10 +1340,12 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     CK(cudaGetDevice(&dev), "querying the device");
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "querying the device");
     CK(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "querying the device");
-    const int mmk = (c->staged == 1 || c->staged == 3) && p0.M == 1 ? 1 : 2;
-    size_t mm_smem = mmk == 1 ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
-    if (mm_smem > c->smem) mm_smem = c->smem;
-    const int mm_in = (int)((mm_smem - G4C_TAIL) / sizeof(float)) & ~3;
+    const bool half = p0.M == 1 && c->staged != 2, ring = p0.M == 1 && c->staged == 4;
+    const int mmk = ring ? 3 : half ? 1 : 2;
+    const size_t ring_bytes = ring ? (size_t)G4C_WARPS * G4C_RING_WARP : 0;
+    size_t mm_smem = half ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
+    if (!ring && mm_smem > c->smem) mm_smem = c->smem;
+    const int mm_in = (int)((mm_smem - G4C_TAIL - ring_bytes) / sizeof(float)) & ~3;
     int nb_mm = 0, nb_other = 0;
     CK(g4c_stage_blocks(inst, mmk, mm_smem, &nb_mm), "sizing the staged decode");
     CK(g4c_stage_blocks(inst, 0, c->smem, &nb_other), "sizing the staged decode");
@@ -1353,7 +1359,7 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         const bool mm = o.kind == G4C_OP_MATMUL && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
         p.smem_in_floats = mm ? mm_in : c->smem_in;
         p.stage_pf = c->stage_pf;
-        const int per_sm = mm ? (c->staged == 3 ? 1 : nb_mm) : nb_other;
+        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : nb_other;
         e = g4c_stage_launch(inst, mm ? mmk : 0, &p, s, sms * per_sm, mm ? mm_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
@@ -1962,7 +1968,7 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
-    if (mode < 0 || mode > 3 || mode == c->staged) return c->staged;
+    if (mode < 0 || mode > 4 || mode == c->staged) return c->staged;
     cudaStreamSynchronize(c->stream);
     for (auto &g : c->sg) { /* the cached graphs hold the other mode's launches */
         if (g.ge) cudaGraphExecDestroy(g.ge);
