@@ -69,11 +69,14 @@ if [ -n "$FIX" ]; then
   cat "$LOG.mma" >>"$LOG"
   summary+=("$r gpu_exact (tensor cores): $(tail -n 1 "$LOG.mma")")
   # the persistent kernel for every block (G4_CUDA_STAGED=0; by default decode steps and verify
-  # blocks run staged, one launch per stage: forward.cuh g4c_stage_kernel): the same checks
-  say "== GPU exactness tests, persistent kernel only (G4_CUDA_STAGED=0)"
-  if G4_CUDA_STAGED=0 timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.staged" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
-  cat "$LOG.staged" >>"$LOG"
-  summary+=("$r gpu_exact (persistent kernel only): $(tail -n 1 "$LOG.staged")")
+  # blocks run staged, one launch per stage: forward.cuh g4c_stage_kernel), and the staged decode
+  # without the weight rings (G4_CUDA_STAGED=2): the same checks
+  for sm in 0 2; do
+    say "== GPU exactness tests, G4_CUDA_STAGED=$sm"
+    if G4_CUDA_STAGED=$sm timeout "${G4_EXACT_TIMEOUT:-300}" "$BUILD/tests/gpu/gpu_exact" --tokens "${G4_GEN_TOKENS:-600}" "$FIX"/gemma4/*/ >"$LOG.staged$sm" 2>&1; then r=PASS; else r=FAIL; fail=1; fi
+    cat "$LOG.staged$sm" >>"$LOG"
+    summary+=("$r gpu_exact (G4_CUDA_STAGED=$sm): $(tail -n 1 "$LOG.staged$sm")")
+  done
 fi
 # quantised weights (GGUF Q4_0/Q8_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, MLX 3/4/6/8-bit, QAT
 # int2/int4/int8; scripts/gpu_prep.sh data): fixtures converted with

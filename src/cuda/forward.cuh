@@ -3096,9 +3096,9 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
  * reads) and, for quantised rows, the chunk's scale and bias words ([s0, s1, b0, b1][lane]). */
 template <int T> struct ring_of {
     static constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    static constexpr int R = T == G4C_Q4 ? 4 : T == G4C_Q8 ? 5 : 8, SLOT = Q ? 1536 : 1024;
+    static constexpr int R = Q ? 5 : 8, SLOT = Q ? 1536 : 1024;
 };
-static_assert(8 * 1024 <= G4C_RING_WARP && 5 * 1536 <= G4C_RING_WARP && 4 * 1536 <= G4C_RING_WARP, "a ring exceeds its room");
+static_assert(8 * 1024 <= G4C_RING_WARP && 5 * 1536 <= G4C_RING_WARP, "a ring exceeds its room");
 
 /* the 4-byte word holding a row's scale or bias g (rows and their parameter blocks are 4-aligned,
  * so the word lies within the row), and that parameter from the word */
@@ -3152,11 +3152,13 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
     cp_commit();
 }
 
-/* A one-token matmul stage of the staged decode (mode 4) with its weights streamed through
+/* A one-token matmul stage of the staged decode (mode 4: dense rows; quantised ones with
+ * G4_CUDA_RING_Q=1, slower as measured) with its weights streamed through
  * shared memory: each lane copies its own chunks (cp.async) into its warp's ring of R slots, R
- * ahead of their use. The first R go out before griddepcontrol.wait - weights depend on no stage -
- * so a stage's first bytes are in flight while the previous stage still runs (its kernel holds half
- * an SM, this one the other half), and no register holds a load in flight. Per chunk the
+ * ahead of their use, and takes them two at a time. The first R go out before
+ * griddepcontrol.wait - weights depend on no stage - so a stage's first bytes are in flight while
+ * the previous stage still runs (its kernel holds half an SM, this one the other half), and no
+ * register holds a load in flight. Per chunk the
  * arithmetic is dot2's (chunk_dot), in the same order; items, team sums, the epilogue and the
  * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode. */
 template <int T>
@@ -3200,28 +3202,47 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
             const g4c_mat &wm = P0->w;
             const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
             float a0[1] = {0.0f}, a1[1] = {0.0f}, p0[1][G4C_BACC] = {}, p1[1][G4C_BACC] = {};
+            /* two chunks per wait (the oldest two of the R groups in flight are complete after
+             * wait_group R - 2): their shared-memory reads overlap and their code products are
+             * independent work for the scheduler; the arithmetic is chunk by chunk, in order */
 #pragma unroll 1
-            for (int c = cf; c < nch; c += step) {
-                cp_wait_n<R - 1>();
-                const char *sl = ring + slot * RC::SLOT;
-                const uint4 wa = *reinterpret_cast<const uint4 *>(sl + lane * 16);
-                const uint4 wb = *reinterpret_cast<const uint4 *>(sl + 512 + lane * 16);
-                float sc0 = 0.0f, sc1 = 0.0f, bz0 = 0.0f, bz1 = 0.0f;
-                if constexpr (Q) {
-                    const int g = c * E / wm.group;
-                    const unsigned *sw = reinterpret_cast<const unsigned *>(sl + 1024);
-                    sc0 = ring_param(sw[lane], w0, wm.sc_off, wm.stype, g);
-                    sc1 = ring_param(sw[32 + lane], w1, wm.sc_off, wm.stype, g);
-                    const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f; /* as dot2 */
-                    if (bias) {
-                        bz0 = fmaf(zc, sc0, ring_param(sw[64 + lane], w0, wm.bi_off, wm.stype, g));
-                        bz1 = fmaf(zc, sc1, ring_param(sw[96 + lane], w1, wm.bi_off, wm.stype, g));
+            for (int c = cf; c < nch; c += 2 * step) {
+                const bool two = c + step < nch;
+                cp_wait_n<R - 2>();
+                uint4 wa[2], wb[2];
+                float sc0[2] = {}, sc1[2] = {}, bz0[2] = {}, bz1[2] = {};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (h && !two) break;
+                    const int si = slot + h < R ? slot + h : slot + h - R;
+                    const char *sl = ring + si * RC::SLOT;
+                    wa[h] = *reinterpret_cast<const uint4 *>(sl + lane * 16);
+                    wb[h] = *reinterpret_cast<const uint4 *>(sl + 512 + lane * 16);
+                    if constexpr (Q) {
+                        const int g = (c + h * step) * E / wm.group;
+                        const unsigned *sw = reinterpret_cast<const unsigned *>(sl + 1024);
+                        sc0[h] = ring_param(sw[lane], w0, wm.sc_off, wm.stype, g);
+                        sc1[h] = ring_param(sw[32 + lane], w1, wm.sc_off, wm.stype, g);
+                        const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f; /* as dot2 */
+                        if (bias) {
+                            bz0[h] = fmaf(zc, sc0[h], ring_param(sw[64 + lane], w0, wm.bi_off, wm.stype, g));
+                            bz1[h] = fmaf(zc, sc1[h], ring_param(sw[96 + lane], w1, wm.bi_off, wm.stype, g));
+                        }
                     }
                 }
-                chunk_dot<T, 1>(wa, wb, sc0, sc1, bz0, bz1, sm + px(c * E), ldk, 1, sgn, bias, p0, p1, a0, a1);
-                /* the slot is free once its values have been used: the lane's next chunk, R ahead */
-                ring_issue<T>(op, sh, total, rc, ring + slot * RC::SLOT, cf, step, nch, nteams, pol);
-                slot = slot + 1 == R ? 0 : slot + 1;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (h && !two) break;
+                    chunk_dot<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm + px((c + h * step) * E), ldk, 1, sgn, bias, p0, p1,
+                                    a0, a1);
+                }
+                /* the slots are free once their values have been used: the lane's next chunks, R ahead */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (h && !two) break;
+                    ring_issue<T>(op, sh, total, rc, ring + slot * RC::SLOT, cf, step, nch, nteams, pol);
+                    slot = slot + 1 == R ? 0 : slot + 1;
+                }
             }
             if (!Q) {
                 a0[0] = qsum<G4C_BACC>(p0[0]);

@@ -149,13 +149,16 @@ struct g4_cuda {
     int pg_prep;                         /* pg_entry.prep in use (G4_CUDA_PGPREP=0: a launch of the persistent kernel) */
     int pg_pdl;                          /* the prefill's own kernels with programmatic dependent launch (G4_CUDA_PDL=0: off) */
     int staged;                          /* blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks) as one
-                                            launch per stage (forward.cuh g4c_stage_kernel; use_staged): 2 (default)
-                                            one block per SM; G4_CUDA_STAGED=1: one-token matmuls two blocks per
-                                            SM; 3: one-token matmuls held to half an SM, one block per SM (room
-                                            for the next stage's); 4: as 3, the matmuls' weights through
-                                            shared-memory rings, their first copies before the wait
-                                            (forward.cuh mm_ring); 0: the persistent kernel */
+                                            launch per stage (forward.cuh g4c_stage_kernel; use_staged): 4
+                                            (default): one-token matmuls of dense rows held to half an SM, one
+                                            block per SM (room for the next stage's), their weights through
+                                            shared-memory rings whose first copies go out before the wait
+                                            (forward.cuh mm_ring), the rest as in 2; G4_CUDA_STAGED=2: one
+                                            block per SM; 1: one-token matmuls two blocks per SM; 3: one-token
+                                            matmuls on 1's half-SM kernel, one block per SM; 0: the persistent
+                                            kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
+    int ring_q;                          /* mode 4 streams quantised rows through the rings too (G4_CUDA_RING_Q=1; default: mode 2's kernel) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
@@ -1159,8 +1162,10 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->pg_prep = env_on("G4_CUDA_PGPREP");
         c->pg_chain = env_on("G4_CUDA_PGCHAIN");
         const char *se = getenv("G4_CUDA_STAGED"), *sp = getenv("G4_CUDA_STAGE_PF");
-        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 4 ? atoi(se) : 2;
+        c->staged = se && *se && atoi(se) >= 0 && atoi(se) <= 4 ? atoi(se) : 4;
         c->stage_pf = sp ? atoi(sp) : 0;
+        const char *rq = getenv("G4_CUDA_RING_Q");
+        c->ring_q = rq && atoi(rq) == 1;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -1346,21 +1351,28 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     size_t mm_smem = half ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
     if (!ring && mm_smem > c->smem) mm_smem = c->smem;
     const int mm_in = (int)((mm_smem - G4C_TAIL - ring_bytes) / sizeof(float)) & ~3;
-    int nb_mm = 0, nb_other = 0;
+    const int full_in = (int)((c->smem - G4C_TAIL) / sizeof(float)) & ~3;
+    int nb_mm = 0, nb_other = 0, nb_full = 1;
     CK(g4c_stage_blocks(inst, mmk, mm_smem, &nb_mm), "sizing the staged decode");
     CK(g4c_stage_blocks(inst, 0, c->smem, &nb_other), "sizing the staged decode");
-    if (nb_mm < 1 || nb_other < 1 || nb_mm > 2) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
+    if (ring) CK(g4c_stage_blocks(inst, 2, c->smem, &nb_full), "sizing the staged decode");
+    if (nb_mm < 1 || nb_other < 1 || nb_full < 1 || nb_mm > 2)
+        return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capturing the staged decode");
     cudaError_t e = cudaSuccess;
     for (int s = 0; s < p0.n_ops && !e; s++) {
         const g4c_op &o = c->ops[(size_t)s];
         g4c_params p = p0;
-        const bool mm = o.kind == G4C_OP_MATMUL && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
-        p.smem_in_floats = mm ? mm_in : c->smem_in;
+        const bool mmo = o.kind == G4C_OP_MATMUL, q = mmo && (o.part[0].w.type == G4C_Q4 || o.part[0].w.type == G4C_Q8);
+        /* mode 4: quantised rows keep mode 2's kernel unless G4_CUDA_RING_Q=1 (measured slower, README) */
+        const bool no_ring = ring && q && !c->ring_q;
+        const bool mm = mmo && !no_ring && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
+        const bool full = mmo && no_ring && G4C_TILE_LD(o.part[0].w.cols) <= full_in;
+        p.smem_in_floats = mm ? mm_in : full ? full_in : c->smem_in;
         p.stage_pf = c->stage_pf;
-        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : nb_other;
-        e = g4c_stage_launch(inst, mm ? mmk : 0, &p, s, sms * per_sm, mm ? mm_smem : c->smem, s > 0, c->stream);
+        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : nb_other;
+        e = g4c_stage_launch(inst, mm ? mmk : full ? 2 : 0, &p, s, sms * per_sm, mm ? mm_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
     if (!e) e = e2;
