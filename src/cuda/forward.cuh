@@ -847,6 +847,22 @@ DEV float mm_store(const g4c_op *op, const g4c_part *P0, int step, size_t tm, in
     return v;
 }
 
+/* the stage's argmax kind (the last part that tracks one; 0: none) */
+DEV int mm_amax(const g4c_op *op, const mm_shape &sh) {
+    int amax = 0;
+    for (int i = 0; i < sh.nparts; i++)
+        if (op->part[i].argmax) amax = op->part[i].argmax;
+    return amax;
+}
+/* a warp's argmax candidates per token, before any row */
+DEV void amax_reset(float (&bv)[G4C_MT], int (&bi)[G4C_MT]) {
+#pragma unroll
+    for (int m = 0; m < G4C_MT; m++) {
+        bv[m] = -INFINITY;
+        bi[m] = INT_MAX;
+    }
+}
+
 /* One item's outputs (rows r0, r0 + 1 of part P0, or a gate/up pair's row r0) from the warps'
  * sums acc: a team of S > 1 warps adds its warp sums in warp order (team-partials buffer parity,
  * toggled), then the team's lead lane runs the epilogue and tracks the argmax candidates. */
@@ -916,11 +932,7 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
     int parity = 0;
     float bv[G4C_MT];
     int bi[G4C_MT];
-#pragma unroll
-    for (int m = 0; m < G4C_MT; m++) {
-        bv[m] = -INFINITY;
-        bi[m] = INT_MAX;
-    }
+    amax_reset(bv, bi);
 #pragma unroll 1
     for (int it = tg; it < total; it += nteams) {
         int r0, has1;
@@ -2115,9 +2127,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), type = op->part[0].w.type;
-    int amax = 0;
-    for (int i = 0; i < sh.nparts; i++)
-        if (op->part[i].argmax) amax = op->part[i].argmax;
+    const int amax = mm_amax(op, sh);
     const bool mma = (TM & G4C_KM_MMA) && op->mma_ks > 0;
     bool iq = false;
     if constexpr ((TM & G4C_KM_IQ) != 0) iq = iq_stage(op, p);
@@ -3180,19 +3190,13 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 #pragma unroll
     for (int k = 0; k < R; k++) ring_issue<T>(op, sh, total, rc, ring + k * RC::SLOT, cf, step, nch, nteams, pol);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    int amax = 0;
-    for (int i = 0; i < sh.nparts; i++)
-        if (op->part[i].argmax) amax = op->part[i].argmax;
+    const int amax = mm_amax(op, sh);
     if (m_begin < M) {
         load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0);
         int parity = 0, slot = 0;
         float bv[G4C_MT];
         int bi[G4C_MT];
-#pragma unroll
-        for (int m = 0; m < G4C_MT; m++) {
-            bv[m] = -INFINITY;
-            bi[m] = INT_MAX;
-        }
+        amax_reset(bv, bi);
 #pragma unroll 1
         for (int it = tg; it < total; it += nteams) {
             int r0, has1;

@@ -1365,10 +1365,10 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         const g4c_op &o = c->ops[(size_t)s];
         g4c_params p = p0;
         const bool mmo = o.kind == G4C_OP_MATMUL, q = mmo && (o.part[0].w.type == G4C_Q4 || o.part[0].w.type == G4C_Q8);
-        /* mode 4: quantised rows keep mode 2's kernel unless G4_CUDA_RING_Q=1 (measured slower, README) */
-        const bool no_ring = ring && q && !c->ring_q;
-        const bool mm = mmo && !no_ring && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
-        const bool full = mmo && no_ring && G4C_TILE_LD(o.part[0].w.cols) <= full_in;
+        /* mode 4: a matmul stage the rings do not take - quantised rows unless G4_CUDA_RING_Q=1
+         * (measured slower, README), or an input tile too wide for their half SM - runs as in mode 2 */
+        const bool mm = mmo && !(ring && q && !c->ring_q) && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
+        const bool full = mmo && ring && !mm && G4C_TILE_LD(o.part[0].w.cols) <= full_in;
         p.smem_in_floats = mm ? mm_in : full ? full_in : c->smem_in;
         p.stage_pf = c->stage_pf;
         const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : nb_other;
