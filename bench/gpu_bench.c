@@ -13,7 +13,9 @@
  *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
  *                  [--trace-prefill]
  *   staged       (--staged 2,4,0) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
- *                upload, at the first two contexts, its tokens compared with the first mode's */
+ *                upload, at the first two contexts, its tokens compared with the first mode's; a mode
+ *                may carry option letters (g4_cuda_set_staged_opts): 4a attention after the wait on the
+ *                full-SM kernel, 4q quantised rows through the weight rings (4aq both) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +231,8 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
      * chained tokens against the first mode's (the modes compute the same bits, so the same ids) */
     if (bo->staged && *bo->staged) {
         const int before = g4_cuda_set_staged(s->cuda, -1);
+        int opt_a = 1, opt_q = 0;
+        g4_cuda_get_staged_opts(s->cuda, &opt_a, &opt_q);
         int32_t *ref = malloc(sizeof(int32_t) * (size_t)n_tok * 2);
         /* a k = 3 verify block's logits (4 rows) per mode, compared bit for bit with the first mode's */
         const size_t vl = (size_t)4 * (size_t)c->vocab;
@@ -243,7 +247,9 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
                 printf("  staged=%d: not a mode\n", mode);
                 continue;
             }
-            printf("  staged=%d:", mode);
+            /* suffixes: a = attention after the wait on the full-SM kernel, q = 4-bit and 8-bit rows through the rings */
+            g4_cuda_set_staged_opts(s->cuda, strchr(q, 'a') ? 0 : opt_a, strchr(q, 'q') ? 1 : opt_q);
+            printf("  staged=%s:", q);
             for (int ci = 0; ci < n_ctxs && ci < 2; ci++) {
                 const int ctx = ctxs[ci];
                 double secs = 0;
@@ -275,6 +281,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         free(vref);
         free(vcur);
         g4_cuda_set_staged(s->cuda, before);
+        g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);
     }
     /* other tuning settings: decode at context 128 */
     if (bo->tune && *bo->tune) {

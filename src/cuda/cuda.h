@@ -86,11 +86,19 @@ void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local);
 g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps, int *kinds,
                         double *wbytes, g4_error *err);
 /* The staged decode for blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks; mode
- * from G4_CUDA_STAGED at creation, default 2): 0 the persistent kernel, 1 one launch per stage with
+ * from G4_CUDA_STAGED at creation, default 4): 0 the persistent kernel, 1 one launch per stage with
  * one-token matmuls two blocks per SM, 2 one launch per stage, one block per SM, 3 as 1 but one
- * block per SM (the next stage's blocks fit beside); the values are the same bits in every mode.
+ * block per SM (the next stage's blocks fit beside), 4 as 2 but one-token matmuls with dense rows
+ * through shared-memory weight rings; the values are the same bits in every mode.
  * Returns the mode now in effect (an unknown one keeps the current). */
 int g4_cuda_set_staged(g4_cuda *c, int mode);
+/* The staged decode's options, for measuring each against its absence on one upload: attention
+ * stages copying their earlier K/V rows before the wait, on the half-SM kernel where they fit
+ * (attn_early; G4_CUDA_ATTN_EARLY), and quantised rows through mode 4's weight rings (ring_q;
+ * G4_CUDA_RING_Q). A negative value keeps the setting; the cached graphs are rebuilt on change. */
+void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q);
+/* the settings now in effect */
+void g4_cuda_get_staged_opts(const g4_cuda *c, int *attn_early, int *ring_q);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */
 void g4_cuda_set_skip(g4_cuda *c, int mask);
 /* 1: g4_cuda_trace runs the prefill procedure (g4_cuda_prefill's) instead of the decode one. */

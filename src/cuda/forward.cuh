@@ -484,8 +484,12 @@ DEV double red_get(int m, const double *red) {
  * operand read from shared memory (few live registers: this is inlined into a kernel at its
  * register limit). Per element and per row the arithmetic and the reduction order are load_input's
  * (thread tid owns the float4s tid + k·G4C_THREADS of every row), so the tile is bitwise the one
- * the row-at-a-time path builds. The caller checks the fit (load_rows_floats). red: two
- * [WARPS][G4C_MT] double scratch arrays. */
+ * the row-at-a-time path builds. The rows are independent work: each pass is unrolled over the
+ * rows (their loads, butterflies and stores interleave) and each row's inverse norm is computed
+ * once, by thread m, into shared memory (fs) - not as mt sequential chains of the warp sums'
+ * addition and a double division and square root in every thread (measured in the persistent
+ * kernel's trace: 4 rows took 6.9 µs against 1.7 for one). The caller checks the fit
+ * (load_rows_floats). red: two [WARPS][G4C_MT] double scratch arrays, then fs: 2·G4C_MT floats. */
 DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
     return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
 }
@@ -496,6 +500,7 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
     const bool has_t = norm && in.t, has_n = norm && in.norm != G4C_NORM_NONE;
     float *tst = sm + (size_t)mt * ldk, *tws = tst + (size_t)mt * K, *nws = tws + K;
     double *red1 = red, *red2 = red + G4C_WARPS * G4C_MT;
+    float *fs = reinterpret_cast<float *>(red2 + G4C_WARPS * G4C_MT); /* [0, MT): 1/rms(t); [MT, 2MT): 1/rms(x) */
     /* every row's x, t rows, t_w, norm_w: all copies in flight at once (no registers held) */
 #pragma unroll 1
     for (int f = tid; f < mt * K4; f += G4C_THREADS) {
@@ -514,8 +519,9 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
     constexpr int N4 = G4C_IN_NPT / 4;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (has_t) { /* residual: v += rms_w(t_w)(t) */
-#pragma unroll 1
-        for (int m = 0; m < mt; m++) {
+#pragma unroll
+        for (int m = 0; m < G4C_MT; m++) {
+            if (m >= mt) break;
             double ss = 0;
 #pragma unroll
             for (int k = 0; k < N4; k++) {
@@ -525,10 +531,13 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
             red_put(ss, m, red1);
         }
         __syncthreads();
+        if (tid < mt) fs[tid] = rms_inv(red_get(tid, red1), K, p.eps);
+        __syncthreads();
     }
-#pragma unroll 1
-    for (int m = 0; m < mt; m++) {
-        const float inv = has_t ? rms_inv(red_get(m, red1), K, p.eps) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < G4C_MT; m++) {
+        if (m >= mt) break;
+        const float inv = has_t ? fs[m] : 0.0f;
         const int tm = t0 + m;
         double ss = 0;
 #pragma unroll
@@ -555,10 +564,13 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
     }
     if (has_n) {
         __syncthreads();
+        if (tid < mt) fs[G4C_MT + tid] = rms_inv(red_get(tid, red2), K, p.eps);
+        __syncthreads();
         const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
-#pragma unroll 1
-        for (int m = 0; m < mt; m++) {
-            const float iv = rms_inv(red_get(m, red2), K, p.eps);
+#pragma unroll
+        for (int m = 0; m < G4C_MT; m++) {
+            if (m >= mt) break;
+            const float iv = fs[G4C_MT + m];
             const int tm = t0 + m;
 #pragma unroll
             for (int k = 0; k < N4; k++) {
@@ -2569,8 +2581,13 @@ DEVN void attn_items_tokens(const g4c_op *op, const g4c_params &p, int pos0, flo
  * blocks. The item's query, K and V rows go to shared memory first
  * (every load issued before the first is used); scores are a warp per key (lanes over float4s of the
  * head, then the butterfly), the softmax a warp, the V sums a thread per element in key order. */
+/* Staged decode (pre): the kernel has not yet waited for the previous stage (griddepcontrol.wait).
+ * K/V rows of positions before pos0 were written by earlier launches (graphs run one after
+ * another; pos0 itself changes only in a graph's last stage), so the block's first item copies
+ * those rows before it waits and everything else after; every block waits exactly once. */
 template <bool WIDE>
-DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra) {
+DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, unsigned long long bar, int &extra,
+                  bool pre = false) {
     if constexpr (WIDE) {
         if (!op->drafter && op->n_heads > op->n_kv) {
             attn_items_tokens(op, p, pos0, sm, bar, extra);
@@ -2608,17 +2625,30 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
         const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
         const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
         float *vsm = ks + (size_t)n * d;
+        if (pre) { /* the first item: the earlier positions' K/V rows, then the wait */
+            const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+            const size_t off = (size_t)g * d + 4 * c4;
+            const int npre = max(0, min(min(n, raw_from - k0), pos0 - k0));
+#pragma unroll 1
+            for (int j = j0 < rpp ? j0 : npre; j < npre; j += rpp) {
+                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
+                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
+            }
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+        }
         const long long tstart = p.trace ? clock64() : 0;
         {
             const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
             const size_t off = (size_t)g * d + 4 * c4;
             const int nc = min(n, raw_from - k0); /* rows copied; the rest are computed below */
-            if (tid < d4 && !op->heads) cp16(qs + 4 * tid, qsrc + 4 * tid);
+            const int npre = pre ? max(0, min(nc, pos0 - k0)) : 0; /* of them, copied before the wait */
 #pragma unroll 1
             for (int j = j0 < rpp ? j0 : nc; j < nc; j += rpp) { /* every copy in flight at once */
+                if (j < npre) continue;
                 cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
                 cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
             }
+            if (tid < d4 && !op->heads) cp16(qs + 4 * tid, qsrc + 4 * tid);
             if (op->heads) { /* op_heads' arithmetic (warp_norm_rope), into shared memory: the query,
                                 then K and V of each own row, a warp per vector */
                 const int nv = 1 + 2 * max(0, n - max(nc, 0));
@@ -2714,7 +2744,9 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
             }
         }
         __syncthreads();
+        pre = false;
     }
+    if (pre) asm volatile("griddepcontrol.wait;" ::: "memory"); /* a block without items */
 }
 
 /* per-layer inputs: ple[m][l] = (rms_w(norm)(raw[m][l] * hs) + E_ple[tok][l] * tscale) * r2, in place */
@@ -3024,6 +3056,8 @@ static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 4 * 4 * G4
               "reduction scratch overlaps the stage copies");
 static_assert((256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16) % 8 == 0 && 2 * 8 * G4C_WARPS * G4C_MT <= 4 * 4 * G4C_WARPS * G4C_MT,
               "load_rows' double sums do not fit the team-partials scratch");
+static_assert(256 + 2 * 4 * G4C_WARPS * G4C_MT + 4 * G4C_WARPS + 16 + 2 * 8 * G4C_WARPS * G4C_MT + 2 * 4 * G4C_MT <= 4096,
+              "load_rows' inverse norms overlap the stage copies");
 static_assert(4096 + 2 * sizeof(g4c_op) <= G4C_TAIL, "two stage copies do not fit the shared tail");
 static_assert(sizeof(fp_tiles_t) <= 512, "the prefill procedure's tile table exceeds the room session.cu keeps for it");
 
@@ -3192,6 +3226,10 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     const int amax = mm_amax(op, sh);
     if (m_begin < M) {
+        /* the input row as every one-token stage builds it. Its register-held row spills at this
+         * kernel's 128 registers (ptxas -v: 384 bytes for bf16 rows, 780 for 4-bit ones), but
+         * building it through shared memory instead (load_rows, no spills) measured slower on an
+         * H100: E2B bf16 351.1 -> 343.2 tok/s against mode 2, E4B 201.4 -> 194.2 (README) */
         load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0);
         int parity = 0, slot = 0;
         float bv[G4C_MT];
@@ -3278,7 +3316,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
  * kernel has finished and its writes are visible. Waiting is transitive (no kernel completes before
  * its own wait returns), so the stream's order of writes holds across the whole chain. */
 template <unsigned TM, int MM>
-__global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM == 3 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
+__global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM >= 3 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
     extern __shared__ __align__(16) float sm[];
     static_assert((TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs the narrow kernels' stages");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -3302,6 +3340,21 @@ __global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM == 3 ? 2 : 1) g4c_s
             }
         }
         asm volatile("griddepcontrol.wait;" ::: "memory");
+        return;
+    }
+    if constexpr (MM == 0 || MM == 4) { /* attention: its first item's earlier K/V rows are copied before the wait */
+        if (op->kind == G4C_OP_ATTN && p.attn_pre && !(p.skip & op->cls)) {
+            int extra = 0;
+            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra, true);
+            return;
+        }
+    }
+    if constexpr (MM == 4) { /* attention stages whose items fit half an SM (session.cu staged_graph) */
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        if (op->kind == G4C_OP_ATTN && !(p.skip & op->cls)) {
+            int extra = 0;
+            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra);
+        }
         return;
     }
     if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {

@@ -34,7 +34,8 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
 /* The staged decode (forward.cuh g4c_stage_kernel, stage.cu): a program of M < G4C_WIDE_M tokens
  * (one-token steps, verify blocks) as one launch per stage. g4c_stage_inst: the instantiation for a
  * program's kernel mask and token count (-1: none takes it); mm: the kernel for matmul stages (1:
- * two blocks per SM, one-token instantiations only; 2: one) or the one for the others (0);
+ * two blocks per SM, one-token instantiations only; 2: one; 3: weight rings, one token), the one
+ * for attention stages held to half an SM (4) or the one for the others (0);
  * g4c_stage_blocks: its resident blocks per SM with smem_bytes of dynamic shared memory (and sets
  * that size as its maximum); g4c_stage_launch: stage s of p (p->smem_in_floats for this launch),
  * with programmatic dependent launch when pdl. */

@@ -308,5 +308,7 @@ typedef struct g4c_params {
                              (forward.cuh mm_tile_iq; G4_CUDA_IMMA=1 at creation) */
     int stage_pf;         /* the staged decode: row-team items of its own matmul stage each block asks
                              into L2 before it waits for the previous stage (0: none) */
+    int attn_pre;         /* the staged decode: an attention stage copies its first item's K/V rows of
+                             earlier positions before it waits for the previous stage (forward.cuh op_attn) */
 } g4c_params;
 #endif

@@ -159,6 +159,9 @@ struct g4_cuda {
                                             kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     int ring_q;                          /* mode 4 streams quantised rows through the rings too (G4_CUDA_RING_Q=1; default: mode 2's kernel) */
+    int attn_early;                      /* staged attention stages copy their earlier K/V rows before the wait and, where
+                                            their items fit, run held to half an SM so that they can start beside the
+                                            stage before (G4_CUDA_ATTN_EARLY=0: after the wait, on the full-SM kernel) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
@@ -1166,6 +1169,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->stage_pf = sp ? atoi(sp) : 0;
         const char *rq = getenv("G4_CUDA_RING_Q");
         c->ring_q = rq && atoi(rq) == 1;
+        c->attn_early = env_on("G4_CUDA_ATTN_EARLY");
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -1358,6 +1362,17 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     if (ring) CK(g4c_stage_blocks(inst, 2, c->smem, &nb_full), "sizing the staged decode");
     if (nb_mm < 1 || nb_other < 1 || nb_full < 1 || nb_mm > 2)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
+    /* attention stages on the half-SM kernel (kernel 4): shared memory for op_attn's item (the query,
+     * the chunk's scores and statistics, its K and V rows) and the tail; the widest head that fits */
+    const size_t half_smem = ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023;
+    int attn_d = 0, nb_attn = 0;
+    if (c->attn_early)
+        for (int d = G4C_MAXD; d >= 4 && !attn_d; d -= 4)
+            if (4 * (size_t)(d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d) + G4C_TAIL <= half_smem) attn_d = d;
+    const int attn_in = (int)(4 * (attn_d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * attn_d) + 15) / 16 * 4;
+    const size_t attn_smem = ((size_t)attn_in * sizeof(float) + G4C_TAIL + 1023) & ~(size_t)1023;
+    if (attn_d) CK(g4c_stage_blocks(inst, 4, attn_smem, &nb_attn), "sizing the staged decode");
+    if (nb_attn > 2) nb_attn = 2;
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capturing the staged decode");
     cudaError_t e = cudaSuccess;
@@ -1367,12 +1382,20 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         const bool mmo = o.kind == G4C_OP_MATMUL, q = mmo && (o.part[0].w.type == G4C_Q4 || o.part[0].w.type == G4C_Q8);
         /* mode 4: a matmul stage the rings do not take - quantised rows unless G4_CUDA_RING_Q=1
          * (measured slower, README), or an input tile too wide for their half SM - runs as in mode 2 */
-        const bool mm = mmo && !(ring && q && !c->ring_q) && G4C_TILE_LD(o.part[0].w.cols) <= mm_in;
-        const bool full = mmo && ring && !mm && G4C_TILE_LD(o.part[0].w.cols) <= full_in;
-        p.smem_in_floats = mm ? mm_in : full ? full_in : c->smem_in;
+        const int K = mmo ? o.part[0].w.cols : 0;
+        const bool mm = mmo && !(ring && q && !c->ring_q) && G4C_TILE_LD(K) <= mm_in;
+        const bool full = mmo && ring && !mm && G4C_TILE_LD(K) <= full_in;
+        /* attention: the earlier K/V rows before the wait (every staged mode), on the half-SM kernel
+         * where its items fit (heads up to attn_d wide: E2B's and E4B's 256-wide sliding layers) */
+        const bool at = o.kind == G4C_OP_ATTN && c->attn_early, ah = at && nb_attn > 0 && o.d <= attn_d;
+        p.attn_pre = at ? 1 : 0;
+        p.smem_in_floats = mm ? mm_in : full ? full_in : ah ? attn_in : c->smem_in;
         p.stage_pf = c->stage_pf;
-        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : nb_other;
-        e = g4c_stage_launch(inst, mm ? mmk : full ? 2 : 0, &p, s, sms * per_sm, mm ? mm_smem : c->smem, s > 0, c->stream);
+        /* one-token attention: one block per SM, so that every block starts beside the stage before
+         * and the next stage's ring blocks can start beside it; verify blocks' more items: two */
+        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : ah ? (p0.M == 1 ? 1 : nb_attn) : nb_other;
+        e = g4c_stage_launch(inst, mm ? mmk : full ? 2 : ah ? 4 : 0, &p, s, sms * per_sm,
+                             mm ? mm_smem : ah ? attn_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
     if (!e) e = e2;
@@ -1988,6 +2011,23 @@ extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
     }
     c->staged = mode;
     return mode;
+}
+
+extern "C" void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q) {
+    const int a = attn_early < 0 ? c->attn_early : attn_early != 0, q = ring_q < 0 ? c->ring_q : ring_q != 0;
+    if (a == c->attn_early && q == c->ring_q) return;
+    cudaStreamSynchronize(c->stream);
+    for (auto &g : c->sg) { /* the cached graphs hold the other settings' launches */
+        if (g.ge) cudaGraphExecDestroy(g.ge);
+        g.ge = NULL;
+    }
+    c->attn_early = a;
+    c->ring_q = q;
+}
+
+extern "C" void g4_cuda_get_staged_opts(const g4_cuda *c, int *attn_early, int *ring_q) {
+    *attn_early = c->attn_early;
+    *ring_q = c->ring_q;
 }
 
 extern "C" void g4_cuda_set_skip(g4_cuda *c, int mask) { c->skip = mask; }

@@ -22,11 +22,12 @@ template <unsigned TM> const void *g4c_stage_fn_ring() {
 }
 /* per instantiation: [0] every stage kind but matmuls (one block per SM: attention's 512-wide heads
  * need the registers and the shared memory), [1] matmul stages, two blocks per SM, [2] matmul
- * stages, one block per SM, [3] one-token matmul stages through weight rings in shared memory */
+ * stages, one block per SM, [3] one-token matmul stages through weight rings in shared memory,
+ * [4] attention stages whose items fit half an SM (128 registers) */
 #define G4C_STAGE_ROW(i) \
     {g4c_stage_fn<g4c_stage_masks[i], 0>(), g4c_stage_fn_mm1<g4c_stage_masks[i]>(), g4c_stage_fn<g4c_stage_masks[i], 2>(), \
-     g4c_stage_fn_ring<g4c_stage_masks[i]>()}
-static const void *const g4c_stage_fns[G4C_N_STAGE][4] = {G4C_STAGE_ROW(0), G4C_STAGE_ROW(1), G4C_STAGE_ROW(2),
+     g4c_stage_fn_ring<g4c_stage_masks[i]>(), g4c_stage_fn<g4c_stage_masks[i], 4>()}
+static const void *const g4c_stage_fns[G4C_N_STAGE][5] = {G4C_STAGE_ROW(0), G4C_STAGE_ROW(1), G4C_STAGE_ROW(2),
                                                           G4C_STAGE_ROW(3), G4C_STAGE_ROW(4), G4C_STAGE_ROW(5),
                                                           G4C_STAGE_ROW(6), G4C_STAGE_ROW(7)};
 
@@ -39,7 +40,7 @@ int g4c_stage_inst(unsigned kmask, int M) {
 }
 
 cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm) {
-    if (inst < 0 || inst >= G4C_N_STAGE || mm < 0 || mm > 3) return cudaErrorInvalidValue;
+    if (inst < 0 || inst >= G4C_N_STAGE || mm < 0 || mm > 4) return cudaErrorInvalidValue;
     const void *fn = g4c_stage_fns[inst][mm];
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes);
     if (e) return e;
@@ -47,7 +48,7 @@ cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm) {
 }
 
 cudaError_t g4c_stage_launch(int inst, int mm, const g4c_params *p, int s, int grid, size_t smem_bytes, int pdl, cudaStream_t stream) {
-    if (inst < 0 || inst >= G4C_N_STAGE || mm < 0 || mm > 3) return cudaErrorInvalidValue;
+    if (inst < 0 || inst >= G4C_N_STAGE || mm < 0 || mm > 4) return cudaErrorInvalidValue;
     g4c_pdl_cfg x;
     g4c_pdl_config(&x, pdl, dim3(grid), dim3(G4C_THREADS), smem_bytes, stream);
     void *args[] = {(void *)p, (void *)&s};
