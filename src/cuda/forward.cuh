@@ -2625,29 +2625,25 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
         const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
         const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
         float *vsm = ks + (size_t)n * d;
-        if (pre) { /* the first item: the earlier positions' K/V rows, then the wait */
-            const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+        const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
+        const int nc = min(n, raw_from - k0);                     /* rows copied; the rest are computed below */
+        const int npre = pre ? max(0, min(nc, pos0 - k0)) : 0; /* of them, copied before the wait */
+        /* rows [j_lo, j_hi) of the chunk's K and V into shared memory, a float4 per thread and row */
+        auto copy_rows = [&](int j_lo, int j_hi) {
             const size_t off = (size_t)g * d + 4 * c4;
-            const int npre = max(0, min(min(n, raw_from - k0), pos0 - k0));
 #pragma unroll 1
-            for (int j = j0 < rpp ? j0 : npre; j < npre; j += rpp) {
+            for (int j = j0 < rpp ? j_lo + j0 : j_hi; j < j_hi; j += rpp) { /* every copy in flight at once */
                 cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
                 cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
             }
+        };
+        if (pre) { /* the first item: the earlier positions' K/V rows, then the wait */
+            copy_rows(0, npre);
             asm volatile("griddepcontrol.wait;" ::: "memory");
         }
         const long long tstart = p.trace ? clock64() : 0;
         {
-            const int d4 = d / 4, rpp = G4C_THREADS / d4, c4 = tid % d4, j0 = tid / d4;
-            const size_t off = (size_t)g * d + 4 * c4;
-            const int nc = min(n, raw_from - k0); /* rows copied; the rest are computed below */
-            const int npre = pre ? max(0, min(nc, pos0 - k0)) : 0; /* of them, copied before the wait */
-#pragma unroll 1
-            for (int j = j0 < rpp ? j0 : nc; j < nc; j += rpp) { /* every copy in flight at once */
-                if (j < npre) continue;
-                cp16(ks + ((size_t)j * d4 + c4) * 4, kv_row(op->kst, op->kc, cap, stage_from, k0 + j, row) + off);
-                cp16(vsm + ((size_t)j * d4 + c4) * 4, kv_row(op->vst, op->vc, cap, stage_from, k0 + j, row) + off);
-            }
+            copy_rows(npre, nc);
             if (tid < d4 && !op->heads) cp16(qs + 4 * tid, qsrc + 4 * tid);
             if (op->heads) { /* op_heads' arithmetic (warp_norm_rope), into shared memory: the query,
                                 then K and V of each own row, a warp per vector */
@@ -3342,19 +3338,18 @@ __global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM >= 3 ? 2 : 1) g4c_s
         asm volatile("griddepcontrol.wait;" ::: "memory");
         return;
     }
-    if constexpr (MM == 0 || MM == 4) { /* attention: its first item's earlier K/V rows are copied before the wait */
-        if (op->kind == G4C_OP_ATTN && p.attn_pre && !(p.skip & op->cls)) {
+    /* attention with p.attn_pre waits inside op_attn, after its first item's earlier K/V rows; kernel
+     * 4 (attention stages whose items fit half an SM: session.cu staged_graph) runs nothing else */
+    if constexpr (MM == 0 || MM == 4) {
+        if (op->kind == G4C_OP_ATTN && (p.attn_pre || MM == 4) && !(p.skip & op->cls)) {
+            if (!p.attn_pre) asm volatile("griddepcontrol.wait;" ::: "memory");
             int extra = 0;
-            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra, true);
+            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra, p.attn_pre != 0);
             return;
         }
     }
-    if constexpr (MM == 4) { /* attention stages whose items fit half an SM (session.cu staged_graph) */
+    if constexpr (MM == 4) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
-        if (op->kind == G4C_OP_ATTN && !(p.skip & op->cls)) {
-            int extra = 0;
-            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra);
-        }
         return;
     }
     if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {

@@ -1104,6 +1104,10 @@ static g4_status alloc_scratch(g4_cuda *c, g4_error *err) {
     return G4_OK;
 }
 
+/* shared-memory floats of one decode attention item (forward.cuh op_attn): a query head, the
+ * chunk's scores and statistics, its K and V rows */
+static int attn_item_floats(int d) { return d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d; }
+
 /* a switch that is on unless the environment sets it to 0 */
 static int env_on(const char *name) {
     const char *v = getenv(name);
@@ -1194,7 +1198,7 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         }
         if (cf->moe && cf->top_k_experts * G4C_TILE_LD(cf->moe_width) > need) need = cf->top_k_experts * G4C_TILE_LD(cf->moe_width);
         for (int i = 0; i < cf->n_layers; i++) { /* attention: a query head, its scores, a key chunk's K and V rows */
-            const int d = cf->layers[i].head_dim, a = d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d;
+            const int d = cf->layers[i].head_dim, a = attn_item_floats(d);
             const int aw = (2 * G4C_KCHUNK + G4C_WARPS) * d; /* the wide kernels': a chunk's rows and a query per warp */
             need = a > need ? a : need;
             need = aw > need ? aw : need;
@@ -1267,11 +1271,19 @@ static void drafter_release(g4_cuda *c) {
     c->dlw.clear();
 }
 
+/* the staged decode's cached graphs, dropped once the stream is idle (they hold launches made
+ * for the settings they were built with) */
+static void staged_drop(g4_cuda *c) {
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    for (auto &g : c->sg) {
+        if (g.ge) cudaGraphExecDestroy(g.ge);
+        g.ge = NULL;
+    }
+}
+
 extern "C" void g4_cuda_free(g4_cuda *c) {
     if (!c) return;
-    if (c->stream) cudaStreamSynchronize(c->stream);
-    for (auto &g : c->sg)
-        if (g.ge) cudaGraphExecDestroy(g.ge);
+    staged_drop(c);
     drafter_release(c);
     cudaFree(c->wmem);
     cudaFree(c->amem);
@@ -1352,7 +1364,8 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     const bool half = p0.M == 1 && c->staged != 2, ring = p0.M == 1 && c->staged == 4;
     const int mmk = ring ? 3 : half ? 1 : 2;
     const size_t ring_bytes = ring ? (size_t)G4C_WARPS * G4C_RING_WARP : 0;
-    size_t mm_smem = half ? ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023 : c->smem;
+    const size_t half_smem = ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023; /* a kernel held to half an SM */
+    size_t mm_smem = half ? half_smem : c->smem;
     if (!ring && mm_smem > c->smem) mm_smem = c->smem;
     const int mm_in = (int)((mm_smem - G4C_TAIL - ring_bytes) / sizeof(float)) & ~3;
     const int full_in = (int)((c->smem - G4C_TAIL) / sizeof(float)) & ~3;
@@ -1364,12 +1377,11 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
     /* attention stages on the half-SM kernel (kernel 4): shared memory for op_attn's item (the query,
      * the chunk's scores and statistics, its K and V rows) and the tail; the widest head that fits */
-    const size_t half_smem = ((size_t)per_sm_smem / 2 - 1024) & ~(size_t)1023;
     int attn_d = 0, nb_attn = 0;
     if (c->attn_early)
         for (int d = G4C_MAXD; d >= 4 && !attn_d; d -= 4)
-            if (4 * (size_t)(d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * d) + G4C_TAIL <= half_smem) attn_d = d;
-    const int attn_in = (int)(4 * (attn_d + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * attn_d) + 15) / 16 * 4;
+            if (4 * (size_t)attn_item_floats(d) + G4C_TAIL <= half_smem) attn_d = d;
+    const int attn_in = (attn_item_floats(attn_d) + 3) & ~3;
     const size_t attn_smem = ((size_t)attn_in * sizeof(float) + G4C_TAIL + 1023) & ~(size_t)1023;
     if (attn_d) CK(g4c_stage_blocks(inst, 4, attn_smem, &nb_attn), "sizing the staged decode");
     if (nb_attn > 2) nb_attn = 2;
@@ -1875,7 +1887,7 @@ extern "C" g4_status g4_cuda_draft_attach(g4_cuda *c, const g4_drafter *d, g4_er
     for (int i = 0; i < dc->n_layers; i++) { /* the drafter's attention over the target's cache */
         const g4_layer_config *tl = &c->m->cfg.layers[d->target_layer[i]];
         const int dd = dc->layers[i].head_dim, g = dc->n_heads / (tl->n_kv_heads > 0 ? tl->n_kv_heads : 1);
-        if (g < 1 || dd + G4C_KCHUNK + 4 + 2 * G4C_KCHUNK * dd > c->smem_in)
+        if (g < 1 || attn_item_floats(dd) > c->smem_in)
             return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA backend: drafter layer %d's attention exceeds shared memory", i);
     }
     bump b = {NULL, 0, 1};
@@ -2004,11 +2016,7 @@ extern "C" g4_status g4_cuda_time_forward(g4_cuda *c, int pos, const int32_t *to
 
 extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
     if (mode < 0 || mode > 4 || mode == c->staged) return c->staged;
-    cudaStreamSynchronize(c->stream);
-    for (auto &g : c->sg) { /* the cached graphs hold the other mode's launches */
-        if (g.ge) cudaGraphExecDestroy(g.ge);
-        g.ge = NULL;
-    }
+    staged_drop(c);
     c->staged = mode;
     return mode;
 }
@@ -2016,11 +2024,7 @@ extern "C" int g4_cuda_set_staged(g4_cuda *c, int mode) {
 extern "C" void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q) {
     const int a = attn_early < 0 ? c->attn_early : attn_early != 0, q = ring_q < 0 ? c->ring_q : ring_q != 0;
     if (a == c->attn_early && q == c->ring_q) return;
-    cudaStreamSynchronize(c->stream);
-    for (auto &g : c->sg) { /* the cached graphs hold the other settings' launches */
-        if (g.ge) cudaGraphExecDestroy(g.ge);
-        g.ge = NULL;
-    }
+    staged_drop(c);
     c->attn_early = a;
     c->ring_q = q;
 }
