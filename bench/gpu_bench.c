@@ -11,11 +11,15 @@
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
  *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
- *                  [--trace-prefill]
+ *                  [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]
  *   staged       (--staged 2,4,0) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
  *                upload, at the first two contexts, its tokens compared with the first mode's; a mode
  *                may carry option letters (g4_cuda_set_staged_opts): 4a attention after the wait on the
- *                full-SM kernel, 4q quantised rows through the weight rings (4aq both) */
+ *                full-SM kernel, 4q quantised rows through the weight rings (4aq both), p / P
+ *                one-token quantised tiles without / with loads a group ahead (g4_cuda_set_pipe)
+ *   strace       (--strace LIST) one staged step of M tokens at ctx 128 per entry, with marks in every
+ *                block (g4_cuda_staged_trace): handoffs, input tiles, work and tails per kind of stage,
+ *                DETAIL stages listed one by one */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +59,7 @@ typedef struct {
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
     int mma;                   /* --mma MASK: G4_CUDA_MMA for the session (-1: leave the environment) */
     const char *staged;        /* --staged LIST: decode at each context per staged-decode mode, tokens compared */
+    const char *strace;        /* --strace LIST: staged traces, MODE[a][q][:M[:DETAIL]] each */
 } bench_opts;
 
 static int cmp_u64(const void *a, const void *b) {
@@ -137,6 +142,110 @@ done:
     free(st);
     free(tmp);
     free(t2);
+    free(kinds);
+    free(wb);
+}
+
+static double med_u64(unsigned long long *v, int n) {
+    if (n < 1) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_u64);
+    return (double)v[n / 2];
+}
+
+/* One staged M-token step at ctx 128 (g4_cuda_staged_trace), as the decode or verify path runs it.
+ * Per stage, from its blocks' marks: the handoff (the previous stage's last block end to this
+ * stage's first wait return: what programmatic dependent launch costs on the critical path), the
+ * head start (first block resident to first wait return), the skew of the waits (median minus
+ * first), the input tile, the work after it and the tail (last block end minus median end), all
+ * medians over blocks; the span is from the previous stage's last end to this one's. Totals per
+ * kind of stage (matmuls by kernel: ring = mode 4's half-SM rings, half = mode 1/3's half-SM
+ * kernel, full = one block per SM) and the whole step split into handoffs, input tiles, work and
+ * tails. */
+static void strace_table(g4_session *s, const int32_t *prompt, int M, int detail) {
+    enum { NK = 9 };
+    static const char *names[NK] = {"embed", "mm-full", "mm-half", "mm-ring", "attn", "attn-half", "head", "ple", "other"};
+    g4_error err = {0};
+    int grid = 0, n = 0;
+    g4_cuda_describe(s->cuda, &grid, &n, NULL, NULL);
+    const size_t per = (size_t)G4C_MAXB * 4;
+    unsigned long long *st = malloc(sizeof *st * (size_t)n * per), *v = malloc(sizeof *v * G4C_MAXB);
+    int *gr = malloc(sizeof(int) * (size_t)n), *kn = malloc(sizeof(int) * (size_t)n), *kinds = malloc(sizeof(int) * (size_t)n);
+    double *wb = malloc(sizeof(double) * (size_t)n);
+    if (!st || !v || !gr || !kn || !kinds || !wb) goto done;
+    g4_session_reset(s);
+    if (g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
+        g4_cuda_staged_trace(s->cuda, 128, prompt + 128, M, st, gr, kn, kinds, wb, &err)) {
+        printf("    staged trace: %s\n", err.message);
+        goto done;
+    }
+    double t_span[NK] = {0}, t_hand[NK] = {0}, t_head[NK] = {0}, t_skew[NK] = {0}, t_in[NK] = {0}, t_work[NK] = {0},
+           t_tail[NK] = {0}, t_bytes[NK] = {0};
+    int cnt[NK] = {0};
+    double prev_end = 0, first_end = 0, tot_hand = 0, tot_in = 0, tot_work = 0, tot_tail = 0, tot_skew = 0;
+    for (int i = 0; i < n; i++) {
+        const unsigned long long *r = st + (size_t)i * per;
+        const int g = gr[i];
+        double smin = 0, wmin = 0, emax = 0;
+        int nin = 0;
+        for (int b = 0; b < g; b++) {
+            const double a = (double)r[b * 4], w = (double)r[b * 4 + 1], e = (double)r[b * 4 + 3];
+            if (b == 0 || a < smin) smin = a;
+            if (b == 0 || w < wmin) wmin = w;
+            if (e > emax) emax = e;
+            if (r[b * 4 + 2]) v[nin++] = r[b * 4 + 2] - r[b * 4 + 1];
+        }
+        const double in = med_u64(v, nin);
+        for (int b = 0; b < g; b++) v[b] = r[b * 4 + 1];
+        const double wmed = med_u64(v, g);
+        for (int b = 0; b < g; b++) v[b] = r[b * 4 + 3];
+        const double emed = med_u64(v, g);
+        const double hand = i ? wmin - prev_end : 0, span = i ? emax - prev_end : 0, skew = wmed - wmin;
+        const double work = emed - wmed - in, tail = emax - emed;
+        int k = 8;
+        if (kinds[i] == -1) k = 6;
+        else if (kinds[i] == G4C_OP_EMBED) k = 0;
+        else if (kinds[i] == G4C_OP_MATMUL) k = kn[i] == 3 ? 3 : kn[i] == 1 ? 2 : 1;
+        else if (kinds[i] == G4C_OP_ATTN) k = kn[i] == 4 ? 5 : 4;
+        else if (kinds[i] == G4C_OP_PLE) k = 7;
+        if (i) {
+            t_span[k] += span;
+            t_hand[k] += hand;
+            t_head[k] += wmin - smin;
+            t_skew[k] += skew;
+            t_in[k] += in;
+            t_work[k] += work;
+            t_tail[k] += tail;
+            t_bytes[k] += wb[i];
+            cnt[k]++;
+            tot_hand += hand;
+            tot_skew += skew;
+            tot_in += in;
+            tot_work += work;
+            tot_tail += tail;
+        } else
+            first_end = emax;
+        if (i < detail)
+            printf("      stage %3d %-9s %3d blocks  span %6.1f us  handoff %5.1f  head start %5.1f  skew %4.1f  input %4.1f  work %6.1f  tail %4.1f  %6.2f MB\n",
+                   i, names[k], g, span / 1e3, hand / 1e3, (wmin - smin) / 1e3, skew / 1e3, in / 1e3, work / 1e3, tail / 1e3, wb[i] / 1e6);
+        prev_end = emax;
+    }
+    const double total = prev_end - first_end;
+    printf("    staged trace M=%d ctx 128: %.3f ms from the first stage's end to the last's = handoffs %.3f + wait skew %.3f + "
+           "input tiles %.3f + work %.3f + tails %.3f (medians over blocks)\n",
+           M, total / 1e6, tot_hand / 1e6, tot_skew / 1e6, tot_in / 1e6, tot_work / 1e6, tot_tail / 1e6);
+    printf("      %-9s %4s %9s %8s %8s %8s %8s %8s %8s %8s\n", "kind", "n", "total ms", "span us", "handoff", "head st",
+           "skew", "input", "work", "tail");
+    for (int k = 0; k < NK; k++)
+        if (cnt[k])
+            printf("      %-9s %4d %9.3f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %6.0f GB/s\n", names[k], cnt[k], t_span[k] / 1e6,
+                   t_span[k] / cnt[k] / 1e3, t_hand[k] / cnt[k] / 1e3, t_head[k] / cnt[k] / 1e3, t_skew[k] / cnt[k] / 1e3,
+                   t_in[k] / cnt[k] / 1e3, t_work[k] / cnt[k] / 1e3, t_tail[k] / cnt[k] / 1e3,
+                   t_span[k] > 0 ? t_bytes[k] / t_span[k] : 0.0);
+done:
+    free(st);
+    free(v);
+    free(gr);
+    free(kn);
     free(kinds);
     free(wb);
 }
@@ -249,6 +358,8 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             }
             /* suffixes: a = attention after the wait on the full-SM kernel, q = 4-bit and 8-bit rows through the rings */
             g4_cuda_set_staged_opts(s->cuda, strchr(q, 'a') ? 0 : opt_a, strchr(q, 'q') ? 1 : opt_q);
+            /* p / P: one-token quantised tiles without / with their loads a group ahead */
+            const int pipe = g4_cuda_set_pipe(s->cuda, strchr(q, 'p') ? 0 : strchr(q, 'P') ? 1 : -1);
             printf("  staged=%s:", q);
             for (int ci = 0; ci < n_ctxs && ci < 2; ci++) {
                 const int ctx = ctxs[ci];
@@ -275,6 +386,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
                 printf("  | verify k=3 at ctx 128 %.3f ms = %.2fx its step%s", four * 1e3, four / one,
                        first ? "" : memcmp(vref, vcur, sizeof(float) * vl) ? " (LOGITS DIFFER)" : " (same logits)");
             printf("\n");
+            g4_cuda_set_pipe(s->cuda, pipe);
             first = 0;
         }
         free(ref);
@@ -282,6 +394,35 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         free(vcur);
         g4_cuda_set_staged(s->cuda, before);
         g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);
+    }
+    /* staged traces: MODE[a][q][:M[:DETAIL]],... */
+    if (bo->strace && *bo->strace) {
+        const int before = g4_cuda_set_staged(s->cuda, -1);
+        int opt_a = 1, opt_q = 0;
+        g4_cuda_get_staged_opts(s->cuda, &opt_a, &opt_q);
+        char sl[128];
+        snprintf(sl, sizeof sl, "%s", bo->strace);
+        char *save = NULL;
+        for (char *q = strtok_r(sl, ",", &save); q; q = strtok_r(NULL, ",", &save)) {
+            const int mode = atoi(q);
+            int M = 1, detail = 0;
+            const char *c1 = strchr(q, ':');
+            if (c1) sscanf(c1 + 1, "%d:%d", &M, &detail);
+            if (M < 1 || M > 16 || g4_cuda_set_staged(s->cuda, mode) != mode) {
+                printf("  strace %s: not a staged mode and block\n", q);
+                continue;
+            }
+            const char *o = q;
+            while (*o >= '0' && *o <= '9') o++;
+            const size_t ol = (size_t)(c1 ? c1 - o : (long)strlen(o));
+            g4_cuda_set_staged_opts(s->cuda, memchr(o, 'a', ol) ? 0 : opt_a, memchr(o, 'q', ol) ? 1 : opt_q);
+            const int pipe = g4_cuda_set_pipe(s->cuda, memchr(o, 'p', ol) ? 0 : memchr(o, 'P', ol) ? 1 : -1);
+            printf("  staged=%.*s:\n", (int)(c1 ? c1 - q : (long)strlen(q)), q);
+            strace_table(s, prompt, M, detail);
+            g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);
+            g4_cuda_set_pipe(s->cuda, pipe);
+        }
+        g4_cuda_set_staged(s->cuda, before);
     }
     /* other tuning settings: decode at context 128 */
     if (bo->tune && *bo->tune) {
@@ -431,6 +572,7 @@ int main(int argc, char **argv) {
             }
         }
         else if (!strcmp(argv[i], "--trace-prefill")) bo.trace_fast = 1;
+        else if (!strcmp(argv[i], "--strace") && i + 1 < argc) bo.strace = argv[++i];
         else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (sscanf(argv[++i], "%d,%d", &bo.evict_first, &bo.op_local) != 2) bo.evict_first = bo.op_local = 1;
         }
@@ -440,7 +582,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]\n");
             return 2;
         }
     }

@@ -17,7 +17,9 @@
 #      quantised rows through the rings), the chained tokens and a k = 3 verify block's logits
 #      compared with the first mode's; STAGED_PF="0 2 8" adds E4B bf16 runs of mode STAGED_PF_MODE
 #      (default 3) under those G4_CUDA_STAGE_PF values (L2 requests per row team before the wait);
-#   3. STAGED_TRACE="ARCH:STORAGE:M ...": the persistent kernel's per-stage trace of an M-token step.
+#   3. STAGED_TRACE="ARCH:STORAGE:M ...": the persistent kernel's per-stage trace of an M-token step;
+#   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL]];
+#      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails.
 #   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE[:CTX[:BENCHMODES]] ...]   (output: $OUT/staged.txt or ./staged.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +72,12 @@ modes=${STAGED_MODES:-4 2 0}
     echo "== trace $a $st M=${tm:-1}"
     timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx 128 --tokens 16 --no-breakdown --trace 1,1,0,0 \
       --trace-m "${tm:-1}" 2>&1 | grep -v "^ *k=" | tail -n 40 || fails=$((fails + 1))
+  done
+  for t in ${STAGED_STRACE:-}; do
+    IFS=: read -r a st lst <<<"$t"
+    echo "== staged trace $a $st $lst"
+    timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx 128 --tokens 16 --no-breakdown \
+      --strace "$(echo "${lst:-4}" | tr '/;' ':,')" 2>&1 | grep -v "^ *k=" | tail -n 80 || fails=$((fails + 1))
   done
   echo "== failures: $fails"
 } 2>&1 | tee "$out"

@@ -85,6 +85,15 @@ void g4_cuda_set_mode(g4_cuda *c, int evict_first, int op_local);
  * weight bytes each streams (either may be NULL). */
 g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps, int *kinds,
                         double *wbytes, g4_error *err);
+/* One staged forward of M tokens at pos (all logits; the graph the decode or verify path runs, built
+ * with marks): stamps[n_ops][G4C_MAXB][4] = each block's start, the return of its wait for the
+ * previous stage, the end of its input tile (0 where the stage builds none) and its end, in ns of
+ * the device's global timer; grid[n_ops] the stage's blocks, kern[n_ops] its staged kernel (0 full
+ * SM, 1..3 the one-token matmul kernels, 4 half-SM attention), kinds[n_ops] its G4C_OP_* kind or -1
+ * for the LM head, wbytes[n_ops] the weight bytes it streams (any of the last four may be NULL). A
+ * session that does not run this block staged is G4_ERR_UNSUPPORTED. */
+g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps, int *grid,
+                               int *kern, int *kinds, double *wbytes, g4_error *err);
 /* The staged decode for blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks; mode
  * from G4_CUDA_STAGED at creation, default 4): 0 the persistent kernel, 1 one launch per stage with
  * one-token matmuls two blocks per SM, 2 one launch per stage, one block per SM, 3 as 1 but one
@@ -97,6 +106,10 @@ int g4_cuda_set_staged(g4_cuda *c, int mode);
  * (attn_early; G4_CUDA_ATTN_EARLY), and quantised rows through mode 4's weight rings (ring_q;
  * G4_CUDA_RING_Q). A negative value keeps the setting; the cached graphs are rebuilt on change. */
 void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q);
+/* One-token tiles of 4- and 8-bit rows with their loads a group ahead (forward.cuh mm_tile_pipe;
+ * from G4_CUDA_PIPE=0/1 at creation, else on for models whose hidden size is at most 2048): 1 on,
+ * 0 off, negative keeps it; returns the setting before. Both compute the same bits. */
+int g4_cuda_set_pipe(g4_cuda *c, int on);
 /* the settings now in effect */
 void g4_cuda_get_staged_opts(const g4_cuda *c, int *attn_early, int *ring_q);
 /* Op classes to skip (G4C_CLS_* of cuda/program.h) for timing breakdowns; 0 for none. */

@@ -239,6 +239,16 @@ DEV unsigned long long global_ns(void) {
     return t;
 }
 
+/* the staged trace (p.strace): point k of this block in stage op->idx, by thread 0 */
+DEV void st_mark(const g4c_params &p, const g4c_op *op, int k, unsigned long long t) {
+    if (p.strace && threadIdx.x == 0) p.strace[((size_t)op->idx * G4C_MAXB + blockIdx.x) * 4 + k] = t;
+}
+/* a staged kernel waits for the previous stage (griddepcontrol.wait) and marks when it returned */
+DEV void stage_wait(const g4c_params &p, const g4c_op *op) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (p.strace) st_mark(p, op, 1, global_ns());
+}
+
 /* ---- the dot product: two weight rows against mt input rows -------------------------------------- */
 
 /* the partial sums of a chunk dot, pairwise: (p0 + p1) + (p2 + p3) */
@@ -376,6 +386,88 @@ DEV void chunk_dot(const uint4 &wa, const uint4 &wb, float sc0, float sc1, float
     }
 }
 
+/* chunks per row a lane loads ahead (dot2's unroll U) for weight type T, tile MTT and the 5..8-token
+ * tiles' unroll U8 (2: the lean one-token kernel) */
+template <int T, int MTT, int U8> struct dot_u {
+    static constexpr int U = MTT == 1 ? (U8 == 2 ? (T == G4C_Q4 ? G4C_U_Q4_M1 / 2 : 4) : T == G4C_Q4 ? G4C_U_Q4_M1 : 8)
+                           : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4)
+                                      : (T == G4C_Q4 ? U8 / 2 : U8);
+};
+
+/* One load group of a lane: its chunks c0, c0 + step, ..., c0 + (U-1)·step (those below nch) of two
+ * rows and, quantised, their scales and biases, in registers (mm_tile_pipe's; dot2 keeps its own
+ * copy of these loops: built on these helpers it spilled, ptxas -v: 20 -> 928 bytes in the
+ * one-token 4-bit stage kernel). */
+template <int U> struct dot_grp {
+    uint4 w0[U], w1[U];
+    float s0[U], s1[U], b0[U], b1[U]; /* dense rows: unused */
+};
+
+template <int T, int U>
+DEV void dot_load(dot_grp<U> &g, const char *w0, const char *w1, const g4c_mat &wm, int c0, int nch, int step, bool sgn,
+                  bool bias, unsigned long long pol) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + step * u;
+        g.s0[u] = g.s1[u] = g.b0[u] = g.b1[u] = 0.0f;
+        if (c < nch) {
+            g.w0[u] = ld_w16(w0 + (size_t)c * 16, pol);
+            g.w1[u] = ld_w16(w1 + (size_t)c * 16, pol);
+            if (Q) {
+                const int gi = c * E / wm.group;
+                g.s0[u] = q_param(w0, wm.sc_off, wm.stype, gi);
+                g.s1[u] = q_param(w1, wm.sc_off, wm.stype, gi);
+                /* affine codes are centred (q - 8 / q - 128, exact) and the bias takes the shift:
+                 * b' = b + z s, so s·d and b'·Σx do not cancel; signed codes with a bias (widened
+                 * narrower codes, session.cu) are centred already */
+                const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f;
+                g.b0[u] = bias ? fmaf(zc, g.s0[u], q_param(w0, wm.bi_off, wm.stype, gi)) : 0.0f;
+                g.b1[u] = bias ? fmaf(zc, g.s1[u], q_param(w1, wm.bi_off, wm.stype, gi)) : 0.0f;
+            }
+        }
+    }
+}
+
+/* the group's chunks, in order, into the accumulators (chunk_dot) */
+template <int T, int MTT, int U>
+DEV void dot_group(const dot_grp<U> &g, int c0, int nch, int step, const float *x, int ldx, int mt, bool sgn, bool bias,
+                   float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], float (&a0)[MTT], float (&a1)[MTT]) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + step * u;
+        if (c >= nch) continue;
+        chunk_dot<T, MTT>(g.w0[u], g.w1[u], g.s0[u], g.s1[u], g.b0[u], g.b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
+    }
+}
+
+template <int MTT> DEV void dot_zero(float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], float (&a0)[MTT], float (&a1)[MTT]) {
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        a0[m] = a1[m] = 0.0f;
+#pragma unroll
+        for (int a = 0; a < G4C_BACC; a++) p0[m][a] = p1[m][a] = 0.0f;
+    }
+}
+
+/* the lane's sums (dense rows: their G4C_BACC chains pairwise), then the warp's xor butterfly */
+template <int T, int MTT>
+DEV void dot_finish(float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], float (&a0)[MTT], float (&a1)[MTT],
+                    float (&acc)[2][G4C_MT]) {
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        if (!Q) {
+            a0[m] = qsum<G4C_BACC>(p0[m]);
+            a1[m] = qsum<G4C_BACC>(p1[m]);
+        }
+        acc[0][m] = warp_sum_f(a0[m]);
+        acc[1][m] = warp_sum_f(a1[m]);
+    }
+}
+
 /* acc[r][m] = w_r · x_m (r < 2) for team warp j of S. Lane l of warp j owns 16-byte chunks
  * 32j + l, 32j + l + 32S, ... in ascending order, one fmaf accumulator per (row, token); then the
  * xor butterfly (the caller adds the S warp sums in order). The unroll U only groups loads ahead
@@ -387,17 +479,12 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    constexpr int U = MTT == 1 ? (U8 == 2 ? (T == G4C_Q4 ? G4C_U_Q4_M1 / 2 : 4) : T == G4C_Q4 ? G4C_U_Q4_M1 : 8) : MTT <= 4 ? (T == G4C_Q4 ? G4C_U_MT4 / 2 : G4C_U_MT4) : (T == G4C_Q4 ? U8 / 2 : U8);
+    constexpr int U = dot_u<T, MTT, U8>::U;
     const int lane = threadIdx.x & 31, nch = K / E, step = 32 * S;
     const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
     float a0[MTT], a1[MTT];
     float p0[MTT][G4C_BACC], p1[MTT][G4C_BACC]; /* dense rows: G4C_BACC fmaf chains per row and token */
-#pragma unroll
-    for (int m = 0; m < MTT; m++) {
-        a0[m] = a1[m] = 0.0f;
-#pragma unroll
-        for (int a = 0; a < G4C_BACC; a++) p0[m][a] = p1[m][a] = 0.0f;
-    }
+    dot_zero<MTT>(p0, p1, a0, a1);
 #pragma unroll 1
     for (int c0 = 32 * j + lane; c0 < nch; c0 += step * U) {
         uint4 wv0[U], wv1[U];
@@ -428,15 +515,7 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
             chunk_dot<T, MTT>(wv0[u], wv1[u], s0[u], s1[u], b0[u], b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
         }
     }
-#pragma unroll
-    for (int m = 0; m < MTT; m++) {
-        if (!Q) {
-            a0[m] = qsum<G4C_BACC>(p0[m]);
-            a1[m] = qsum<G4C_BACC>(p1[m]);
-        }
-        acc[0][m] = warp_sum_f(a0[m]);
-        acc[1][m] = warp_sum_f(a1[m]);
-    }
+    dot_finish<T, MTT>(p0, p1, a0, a1, acc);
 }
 
 /* ---- shared-memory layout of the tail (after the input tile) ---------------------------------- */
@@ -925,6 +1004,82 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
     }
 }
 
+/* mm_tile's items with the loads one group ahead (p.mm_pipe: one-token tiles of 4- and 8-bit rows
+ * outside the lean kernel): a team's items are one sequence of load groups (dot2's, each item's in order), and
+ * each group's loads go out before the group before it is computed, the next item's first group
+ * before the current item's last. dot2 waits for an item's loads before it computes and only then
+ * asks for the next item's: with 4-bit rows as wide as E2B's (1536 columns: one or two chunks a
+ * lane), each item was one memory round trip with a few hundred bytes a warp in flight. Every
+ * accumulator sees dot2's operations in dot2's order, so the outputs are bitwise dot2's. */
+template <int T, int MTT, int U>
+DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk) {
+    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
+    const tail_t tl = tail_of(sm, p);
+    const mm_shape sh = mm_shape_of(op, p);
+    const int pair = sh.pair, total = sh.total, S = op->split;
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nch = K / E, cstep = 32 * S;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tpb = G4C_WARPS / S, team = warp / S, cb = 32 * (warp % S) + lane;
+    const int tg = blk * tpb + team, nteams = nblk * tpb;
+    /* groups per item, the same for every lane of the warp (a lane past its last chunk loads and
+     * adds nothing, as in dot2) */
+    const int gw = 32 * (warp % S), ng = gw < nch ? (nch - gw + cstep * U - 1) / (cstep * U) : 1;
+    const unsigned long long pol = l2_policy(p.evict_first);
+    int parity = 0;
+    float bv[G4C_MT];
+    int bi[G4C_MT];
+    amax_reset(bv, bi);
+    float a0[MTT], a1[MTT], p0[MTT][G4C_BACC], p1[MTT][G4C_BACC];
+    dot_zero<MTT>(p0, p1, a0, a1);
+    dot_grp<U> ga = {}, gb = {};
+    int it = tg, g = 0, r0 = 0, has1 = 0, pi = 0;
+    const char *w0 = NULL, *w1 = NULL;
+    auto flags = [&](int part, bool &sgn, bool &bias) {
+        const g4c_mat &wm = op->part[part].w;
+        sgn = Q && (wm.flags & G4C_QF_SIGNED);
+        bias = Q && (wm.flags & G4C_QF_BIAS);
+    };
+    if (it < total) {
+        bool sgn, bias;
+        pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
+        flags(pi, sgn, bias);
+        dot_load<T, U>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
+    }
+#pragma unroll 1
+    while (it < total) {
+        int nit = it, ngi = g + 1, nr0 = r0, nhas1 = has1, npi = pi;
+        const char *nw0 = w0, *nw1 = w1;
+        if (ngi == ng) {
+            nit = it + nteams;
+            ngi = 0;
+            if (nit < total) npi = mm_item(op, sh, nit, &nr0, &nhas1, &nw0, &nw1);
+        }
+        bool sgn, bias;
+        if (nit < total) {
+            flags(npi, sgn, bias);
+            dot_load<T, U>(gb, nw0, nw1, op->part[npi].w, cb + ngi * cstep * U, nch, cstep, sgn, bias, pol);
+        }
+        flags(pi, sgn, bias);
+        dot_group<T, MTT, U>(ga, cb + g * cstep * U, nch, cstep, sm, ldk, mt, sgn, bias, p0, p1, a0, a1);
+        if (g + 1 == ng) {
+            float acc[2][G4C_MT];
+            dot_finish<T, MTT>(p0, p1, a0, a1, acc);
+            mm_item_out<MTT>(op, &op->part[pi], tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
+            dot_zero<MTT>(p0, p1, a0, a1);
+        }
+        ga = gb;
+        it = nit;
+        g = ngi;
+        r0 = nr0;
+        has1 = nhas1;
+        pi = npi;
+        w0 = nw0;
+        w1 = nw1;
+    }
+    if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+}
+
 /* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
  * block's argmax partials. One out-of-line instance per (weight type, token count), so each keeps
  * its accumulators in registers; the token count only decides how many accumulators exist, each
@@ -940,6 +1095,17 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
     const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
     const int tg = blk * tpb + team, nteams = nblk * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
+    if constexpr (MTT == 1 && U8 != 2 && (T == G4C_Q4 || T == G4C_Q8)) {
+        /* p.mm_pipe: every such tile of the session, never some (session.cu: on where the model's
+         * hidden rows fit half dot2's unroll). Measured on an H100: choosing per stage by the row's
+         * width made E2B qat-int4 slower than either choice alone (341.9 tok/s against 359.0 all
+         * dot2, 370.1 all pipelined): stages alternating between two code paths pay for fetching
+         * both into the instruction cache, which ncu shows as the small stages' main stall */
+        if (p.mm_pipe) { /* two groups of half dot2's unroll in flight: dot2's registers */
+            mm_tile_pipe<T, MTT, dot_u<T, MTT, U8>::U / 2>(op, p, step, sm, t0, mt, amax, blk, nblk);
+            return;
+        }
+    }
     const unsigned long long pol = l2_policy(p.evict_first);
     int parity = 0;
     float bv[G4C_MT];
@@ -2175,6 +2341,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
         }
         if (iq && sh.total) iq_digits(sm, ldk, K, mt, iqs);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
+        if (p.strace && t0 == m_begin + ti0 * mt_cap) st_mark(p, op, 2, global_ns());
         if constexpr ((TM & G4C_KM_MMA) != 0) {
             if (sh.total && mma) {
                 const int tile = (t0 - m_begin) / mt_cap;
@@ -2639,7 +2806,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
         };
         if (pre) { /* the first item: the earlier positions' K/V rows, then the wait */
             copy_rows(0, npre);
-            asm volatile("griddepcontrol.wait;" ::: "memory");
+            stage_wait(p, op);
         }
         const long long tstart = p.trace ? clock64() : 0;
         {
@@ -2742,7 +2909,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
         __syncthreads();
         pre = false;
     }
-    if (pre) asm volatile("griddepcontrol.wait;" ::: "memory"); /* a block without items */
+    if (pre) stage_wait(p, op); /* a block without items */
 }
 
 /* per-layer inputs: ple[m][l] = (rms_w(norm)(raw[m][l] * hs) + E_ple[tok][l] * tscale) * r2, in place */
@@ -3219,7 +3386,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     ring_seek(op, sh, total, rc, tg, cf, nch);
 #pragma unroll
     for (int k = 0; k < R; k++) ring_issue<T>(op, sh, total, rc, ring + k * RC::SLOT, cf, step, nch, nteams, pol);
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    stage_wait(p, op);
     const int amax = mm_amax(op, sh);
     if (m_begin < M) {
         /* the input row as every one-token stage builds it. Its register-held row spills at this
@@ -3227,6 +3394,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
          * building it through shared memory instead (load_rows, no spills) measured slower on an
          * H100: E2B bf16 351.1 -> 343.2 tok/s against mode 2, E4B 201.4 -> 194.2 (README) */
         load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0);
+        if (p.strace) st_mark(p, op, 2, global_ns());
         int parity = 0, slot = 0;
         float bv[G4C_MT];
         int bi[G4C_MT];
@@ -3299,6 +3467,67 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
+/* one stage's work in its staged kernel (below), from the shared-memory copy op of its description */
+template <unsigned TM, int MM>
+__device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p, float *sm) {
+    if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
+        if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
+            switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
+            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring<G4C_BF16>(op, p, sm); return;
+            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring<G4C_F16>(op, p, sm); return;
+            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring<G4C_Q8>(op, p, sm); return;
+            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring<G4C_Q4>(op, p, sm); return;
+            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring<G4C_F32>(op, p, sm); return;
+            }
+        }
+        stage_wait(p, op);
+        return;
+    }
+    /* attention with p.attn_pre waits inside op_attn, after its first item's earlier K/V rows; kernel
+     * 4 (attention stages whose items fit half an SM: session.cu staged_graph) runs nothing else */
+    if constexpr (MM == 0 || MM == 4) {
+        if (op->kind == G4C_OP_ATTN && (p.attn_pre || MM == 4) && !(p.skip & op->cls)) {
+            if (!p.attn_pre) stage_wait(p, op);
+            int extra = 0;
+            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra, p.attn_pre != 0);
+            return;
+        }
+    }
+    if constexpr (MM == 4) {
+        stage_wait(p, op);
+        return;
+    }
+    if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
+        const int warp = threadIdx.x >> 5, S = op->split;
+        if ((threadIdx.x & 31) == 0 && warp % S == 0) {
+            const mm_shape sh = mm_shape_of(op, p);
+            const int tpb = G4C_WARPS / S, nteams = gridDim.x * tpb;
+#pragma unroll 1
+            for (int k = 0, it = blockIdx.x * tpb + warp / S; k < p.stage_pf && it < sh.total; k++, it += nteams)
+                mm_prefetch_item(op, sh, it);
+        }
+    }
+    stage_wait(p, op);
+    if (p.skip & op->cls) return;
+    const int pos0 = ldi(&p.ctl->pos);
+    int extra = 0;
+    if constexpr (MM) {
+        if (op->kind == G4C_OP_MATMUL) op_matmul<MM == 1 ? (TM | G4C_KM_LEAN) : TM>(op, p, 0, sm, 0ull, extra);
+        return;
+    }
+    switch (op->kind) {
+    case G4C_OP_EMBED: op_embed(op, p); break;
+    case G4C_OP_MATMUL: op_matmul<TM>(op, p, 0, sm, 0ull, extra); break;
+    case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
+    case G4C_OP_ATTN: op_attn<false>(op, p, pos0, sm, 0ull, extra); break;
+    case G4C_OP_PLE: op_ple(op, p); break;
+    case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
+    case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
+    case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
+    default: break;
+    }
+}
+
 /* Stage s of a program of fewer than G4C_WIDE_M tokens (TM with G4C_KM_M1: one token, only its tile
  * compiled), as a launch of its own (MM 0: any stage but matmuls, one block per SM; MM 1: matmul
  * stages of one token, two blocks per SM (128 registers, fewer loads ahead: G4C_KM_LEAN); MM 2:
@@ -3325,61 +3554,11 @@ __global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM >= 3 ? 2 : 1) g4c_s
     }
     __syncthreads();
     const g4c_op *op = tl.ops;
-    if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
-        if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
-            switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
-            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring<G4C_BF16>(op, p, sm); return;
-            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring<G4C_F16>(op, p, sm); return;
-            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring<G4C_Q8>(op, p, sm); return;
-            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring<G4C_Q4>(op, p, sm); return;
-            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring<G4C_F32>(op, p, sm); return;
-            }
-        }
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        return;
-    }
-    /* attention with p.attn_pre waits inside op_attn, after its first item's earlier K/V rows; kernel
-     * 4 (attention stages whose items fit half an SM: session.cu staged_graph) runs nothing else */
-    if constexpr (MM == 0 || MM == 4) {
-        if (op->kind == G4C_OP_ATTN && (p.attn_pre || MM == 4) && !(p.skip & op->cls)) {
-            if (!p.attn_pre) asm volatile("griddepcontrol.wait;" ::: "memory");
-            int extra = 0;
-            op_attn<false>(op, p, ldi(&p.ctl->pos), sm, 0ull, extra, p.attn_pre != 0);
-            return;
-        }
-    }
-    if constexpr (MM == 4) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        return;
-    }
-    if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
-        const int warp = threadIdx.x >> 5, S = op->split;
-        if ((threadIdx.x & 31) == 0 && warp % S == 0) {
-            const mm_shape sh = mm_shape_of(op, p);
-            const int tpb = G4C_WARPS / S, nteams = gridDim.x * tpb;
-#pragma unroll 1
-            for (int k = 0, it = blockIdx.x * tpb + warp / S; k < p.stage_pf && it < sh.total; k++, it += nteams)
-                mm_prefetch_item(op, sh, it);
-        }
-    }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (p.skip & op->cls) return;
-    const int pos0 = ldi(&p.ctl->pos);
-    int extra = 0;
-    if constexpr (MM) {
-        if (op->kind == G4C_OP_MATMUL) op_matmul<MM == 1 ? (TM | G4C_KM_LEAN) : TM>(op, p, 0, sm, 0ull, extra);
-        return;
-    }
-    switch (op->kind) {
-    case G4C_OP_EMBED: op_embed(op, p); break;
-    case G4C_OP_MATMUL: op_matmul<TM>(op, p, 0, sm, 0ull, extra); break;
-    case G4C_OP_HEADS: op_heads(op, p, pos0, sm); break;
-    case G4C_OP_ATTN: op_attn<false>(op, p, pos0, sm, 0ull, extra); break;
-    case G4C_OP_PLE: op_ple(op, p); break;
-    case G4C_OP_MOE_ROUTE: op_moe_route(op, p, sm); break;
-    case G4C_OP_EXPERT: op_expert<TM>(op, p, sm); break;
-    case G4C_OP_MOE_COMBINE: op_moe_combine(op, p, sm); break;
-    default: break;
+    if (p.strace) st_mark(p, op, 0, global_ns()); /* resident, its description copied */
+    stage_run<TM, MM>(op, p, sm);
+    if (p.strace) { /* the block's end: after its last thread */
+        __syncthreads();
+        st_mark(p, op, 3, global_ns());
     }
 }
 template <unsigned TM, int MM> const void *g4c_stage_fn() { return (const void *)g4c_stage_kernel<TM, MM>; }

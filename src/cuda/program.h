@@ -242,6 +242,7 @@ typedef struct g4c_op {
     int fp_ks;            /* matmul: > 0 when the prefill procedure takes the stage (bf16 row-major
                              or Q4 / Q8 weights, K a multiple of 32, no argmax): its K segments per band
                              (session.cu fp_segments, shape only) */
+    int idx;              /* its index in the uploaded stage list (push_ops): the staged trace's row */
     int prep_only;        /* the last stage of a fast prefill's launch (session.cu pg_plan): a
                              matmul with fp_ks > 0 runs only its input phase (the terms in p.fp_x;
                              the products are the prefill GEMM's launch that follows), an
@@ -308,6 +309,12 @@ typedef struct g4c_params {
                              (forward.cuh mm_tile_iq; G4_CUDA_IMMA=1 at creation) */
     int stage_pf;         /* the staged decode: row-team items of its own matmul stage each block asks
                              into L2 before it waits for the previous stage (0: none) */
+    unsigned long long *strace; /* not NULL: the staged decode's trace, per stage (g4c_op.idx) and block
+                                   (G4C_MAXB per stage) [start, wait returned, input built, end] in
+                                   global-timer ns, 0 where a stage has no such point (benchmark
+                                   instrumentation: session.cu g4_cuda_staged_trace) */
+    int mm_pipe;          /* 1: matmul tiles of up to 4 tokens load each group of chunks before the group
+                             before it is computed (forward.cuh mm_tile_pipe; G4_CUDA_PIPE=0: off) */
     int attn_pre;         /* the staged decode: an attention stage copies its first item's K/V rows of
                              earlier positions before it waits for the previous stage (forward.cuh op_attn) */
 } g4c_params;
