@@ -2112,6 +2112,8 @@ extern "C" g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *to
     p.strace = d;
     g4_status st = set_tokens(c, pos, tokens, M, err);
     if (!st) st = staged_graph(c, p, &ge, err, gr.data(), kn.data());
+    for (size_t i = 0; !st && i < gr.size(); i++) /* the marks' room: G4C_MAXB blocks a stage */
+        if (gr[i] > G4C_MAXB) st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged trace: stage %zu has %d blocks (at most %d)", i, gr[i], (int)G4C_MAXB);
     cudaError_t e = cudaSuccess;
     if (!st) e = cudaMemsetAsync(d, 0, n * sizeof *d, c->stream);
     for (int r = 0; r < 2 && !st && !e; r++) e = cudaGraphLaunch(ge, c->stream); /* warm, then traced */
