@@ -80,8 +80,10 @@ if [ -n "$FIX" ]; then
 fi
 # quantised weights (GGUF Q4_0/Q8_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, MLX 3/4/6/8-bit, QAT
 # int2/int4/int8; scripts/gpu_prep.sh data): fixtures converted with
-# `g4 convert`, each compared with the same weights dequantised to f32 on the CPU (both sides then
-# use float activations; the CPU's own quantised path quantises activations to int8): batch
+# `g4 convert`, each compared with the same weights dequantised to f32 on the CPU (float
+# activations there; the GPU's 4/8-bit rows meet activations held as 24-bit integers per 32-column
+# block, the resolution of the block's largest float; the CPU's own quantised path quantises
+# activations to int8, far coarser): batch
 # invariance of both procedures, each within 2e-3 of the reference, greedy decode chains.
 QFIX=${G4_QFIX:-.gpu/qfix}; QREF=${G4_QREF:-.gpu/qref}
 if [ -d "$QFIX" ] && [ -d "$QREF" ]; then

@@ -386,6 +386,184 @@ DEV void chunk_dot(const uint4 &wa, const uint4 &wb, float sc0, float sc1, float
     }
 }
 
+/* ---- quantised rows against integer activations ------------------------------------------------ */
+
+/* The procedure every matmul stage and MoE expert of 4- and 8-bit rows runs (any M: decode, verify,
+ * exact prefill; the drafter's centroid head keeps chunk_dot's float codes). The stage's input
+ * tile is built in integer form, one 32-column block at a time (qi_block; by load_input as it
+ * builds the rows, or in place by qi_tile): with mx = max |x| over the block, X = rn(x·r),
+ * r = (2^23 − 1)/mx (|X| < 2^23: every element to within mx·2^-24 of itself, the resolution of the
+ * block's largest float), in three byte planes, X = d0 + 256·d1 + 65536·d2 (d0, d1 unsigned, d2
+ * signed), and per block dx = mx/(2^23 − 1) and the float sums of x over columns 0..15, 16..31 and
+ * all 32 (for the rows with an additive term). A chunk of codes is then three exact integer dot
+ * products per row (dp4a: four codes a step, the codes as signed bytes: 16·(u − 8) for 4-bit rows,
+ * u − 128 or q for 8-bit ones), joined in float as P2·65536 + (P0 + 256·P1), and
+ * acc += P·(s·dx) (+ b'·Σx, b' the bias with the centring folded in as in chunk_dot). Per weight:
+ * under one instruction against chunk_dot's three (byte permute, subtract, fmaf); the arithmetic of
+ * a token depends only on its own row, so outputs are the same for any M and any place in the tile.
+ *
+ * Block b of tile row m (144 bytes: its 32 floats and 16 of padding) becomes: bytes 0..31 the d0
+ * plane, 32..63 d1, 64..95 d2, 96..111 {dx, Σx[0..15], Σx[16..31], Σx[0..31]}; dx over 16 for 4-bit
+ * rows (their codes carry the factor). 4-bit tiles keep a chunk's nibble order (plane word 2k: the
+ * even columns 8k, 8k+2, 8k+4, 8k+6, the low nibbles of code word k; word 2k+1 the odd ones), 8-bit
+ * tiles the columns' order. A block with a NaN or an infinity gets dx = NaN, so the outputs it meets
+ * are NaN as with float rows; a block under 2^-100 is zero. */
+DEV int dp4a_su(unsigned a, unsigned b, int c) { /* signed bytes of a times unsigned bytes of b */
+    int d;
+    asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+DEV int dp4a_ss(unsigned a, unsigned b, int c) { return __dp4a((int)a, (int)b, c); }
+
+/* One block in integer form from its floats, lane q = lane & 7 of each group of eight holding columns
+ * 4q..4q+3 (v; four blocks a warp), written into the block's 144 bytes at blk (xs: with the sums
+ * of x; a stage whose rows all lack an additive term reads none). Every lane of the warp calls it
+ * (on: the group's block exists); INPLACE: v was read from the block itself. */
+template <int T, bool INPLACE>
+DEV void qi_block(const float4 &v, unsigned char *blk, bool on, bool xs) {
+    const int lane = threadIdx.x & 31, q = lane & 7;
+    const float xv[4] = {v.x, v.y, v.z, v.w};
+    /* max |x| of the group as bits: one reduction; a NaN or an infinity orders above every finite */
+    const unsigned ab = max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+                            max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
+    const unsigned mb = __reduce_max_sync(0xffu << (lane & 24), ab);
+    const bool bad = mb >= 0x7f800000u;
+    const float mx = __uint_as_float(mb);
+    /* the block's largest element maps to about 2^23 − 1 (blocks under 2^-100: zero) */
+    const bool zero = bad || !(mx >= 7.8886091e-31f);
+    const float r = zero ? 0.0f : __fdividef(32767.99609375f, mx * 0.00390625f); /* (2^23 − 1)/mx; __fdividef: divisor < 2^126 */
+    unsigned d[3] = {0u, 0u, 0u}; /* the lane's four columns in each plane, a byte each */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int X = zero ? 0 : max(min(__float2int_rn(xv[i] * r), 8388607), -8388607);
+#pragma unroll
+        for (int j = 0; j < 3; j++) d[j] |= (unsigned)((X >> (8 * j)) & 255) << (8 * i);
+    }
+    float s_lo = 0.0f, s_hi = 0.0f;
+    if (xs) { /* Σx over each half (lanes 0..3, 4..7 of the group) */
+        float sx = (v.x + v.y) + (v.z + v.w);
+        sx += __shfl_xor_sync(0xffffffffu, sx, 1);
+        sx += __shfl_xor_sync(0xffffffffu, sx, 2);
+        const float so = __shfl_xor_sync(0xffffffffu, sx, 4);
+        s_lo = q < 4 ? sx : so;
+        s_hi = q < 4 ? so : sx;
+    }
+    float dx = bad ? __int_as_float(0x7fc00000) : zero ? 0.0f : __fdividef(mx, 8388607.0f);
+    if (T == G4C_Q4) { /* the codes carry 16; plane words in the nibbles' order (pairs of lanes) */
+        dx *= 0.0625f;
+#pragma unroll
+        for (int j = 0; j < 3; j++) {
+            const unsigned o = __shfl_xor_sync(0xffffffffu, d[j], 1);
+            const unsigned lo = q & 1 ? o : d[j], hi = q & 1 ? d[j] : o;
+            d[j] = __byte_perm(lo, hi, q & 1 ? 0x7531 : 0x6420);
+        }
+    }
+    if (INPLACE) __syncwarp(); /* every lane has read its floats */
+    if (on) {
+#pragma unroll
+        for (int j = 0; j < 3; j++) *reinterpret_cast<unsigned *>(blk + 32 * j + 4 * q) = d[j];
+        if (q == 0) *reinterpret_cast<float4 *>(blk + 96) = make_float4(dx, s_lo, s_hi, s_lo + s_hi);
+    }
+}
+/* float4 c of a tile row v: its block's bytes (qi_block's blk) */
+DEV unsigned char *qi_blk(float *v, int c) { return reinterpret_cast<unsigned char *>(v + 36 * (c >> 3)); }
+
+/* rows 0..mt-1 of the float tile sm (row stride ldk floats, K a multiple of 32) into the integer
+ * form, in place (tiles load_input did not build in that form); every thread of the block */
+template <int T>
+DEVN void qi_tile(float *sm, int ldk, int K, int mt, bool xs) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K4 = K >> 2;
+    __syncthreads(); /* the float tile is complete */
+#pragma unroll 1
+    for (int i0 = 32 * warp; i0 < mt * K4; i0 += 32 * G4C_WARPS) {
+        const int idx = i0 + lane, m = idx / K4, c = idx - m * K4;
+        const bool on = idx < mt * K4;
+        float *v = sm + (size_t)(on ? m : 0) * ldk;
+        const float4 x = on ? *reinterpret_cast<const float4 *>(v + px(4 * c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qi_block<T, true>(x, qi_blk(v, c), on, xs);
+    }
+    __syncthreads();
+}
+/* a tile row's float4s into shared memory as float (qt 0) or in integer form (qt: the rows' type,
+ * G4C_QI_XS added when the stage's rows need the sums of x), thread tid holding float4 c (c < K4:
+ * on; every lane calls it for qt != 0) */
+enum { G4C_QI_XS = 256 };
+DEV void tile_put(float *v, int c, const float4 &x, bool on, int qt) {
+    if ((qt & 255) == G4C_Q4) qi_block<G4C_Q4, false>(x, qi_blk(v, c), on, qt & G4C_QI_XS);
+    else if ((qt & 255) == G4C_Q8) qi_block<G4C_Q8, false>(x, qi_blk(v, c), on, qt & G4C_QI_XS);
+    else if (on) *reinterpret_cast<float4 *>(v + px(4 * c)) = x;
+}
+/* the qt of a stage's rows: their type, with G4C_QI_XS where a part has an additive term (a bias,
+ * or unsigned codes, centred by one) */
+DEV int qi_kind(int type, const g4c_part *part, int nparts) {
+    int xs = 0;
+    for (int i = 0; i < nparts; i++)
+        if ((part[i].w.flags & G4C_QF_BIAS) || !(part[i].w.flags & G4C_QF_SIGNED)) xs = G4C_QI_XS;
+    return type | xs;
+}
+
+/* chunk_dot against an integer tile (x: row 0 of the tile, c: the chunk's index): the same
+ * accumulators a0, a1 (quantised rows have no dense partials); badd: add bz·Σx (rows with a bias,
+ * and unsigned codes without one, whose centring shift bz = z·s then carries) */
+template <int T, int MTT>
+DEV void chunk_dot_qi(const uint4 &wa, const uint4 &wb, float sc0, float sc1, float bz0, float bz1, const float *x, int c,
+                      int ldx, int mt, bool sgn, bool badd, float (&a0)[MTT], float (&a1)[MTT]) {
+    constexpr bool Q4 = T == G4C_Q4;
+    constexpr int NW = Q4 ? 8 : 4; /* code words (and plane words) per chunk */
+    const unsigned wa4[4] = {wa.x, wa.y, wa.z, wa.w}, wb4[4] = {wb.x, wb.y, wb.z, wb.w};
+    unsigned ca[NW], cb[NW];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (Q4) { /* 16·(u − 8) as signed bytes: even columns (low nibbles), then odd */
+            ca[2 * k] = ((wa4[k] << 4) & 0xF0F0F0F0u) ^ 0x80808080u;
+            ca[2 * k + 1] = (wa4[k] & 0xF0F0F0F0u) ^ 0x80808080u;
+            cb[2 * k] = ((wb4[k] << 4) & 0xF0F0F0F0u) ^ 0x80808080u;
+            cb[2 * k + 1] = (wb4[k] & 0xF0F0F0F0u) ^ 0x80808080u;
+        } else { /* signed codes as they are; others centred, u − 128 */
+            const unsigned flip = sgn ? 0u : 0x80808080u;
+            ca[k] = wa4[k] ^ flip;
+            cb[k] = wb4[k] ^ flip;
+        }
+    }
+    const char *blk = reinterpret_cast<const char *>(x) + (size_t)(Q4 ? c : c >> 1) * 144;
+    const int half = Q4 ? 0 : (c & 1) * 16;
+#pragma unroll
+    for (int m = 0; m < MTT; m++) {
+        if (m < mt) {
+            const char *bm = blk + (size_t)m * ldx * 4;
+            int pa[3], pb[3];
+#pragma unroll
+            for (int j = 0; j < 3; j++) {
+                unsigned d[NW];
+                const uint4 q0 = *reinterpret_cast<const uint4 *>(bm + 32 * j + half);
+                d[0] = q0.x, d[1] = q0.y, d[2] = q0.z, d[3] = q0.w;
+                if (Q4) {
+                    const uint4 q1 = *reinterpret_cast<const uint4 *>(bm + 32 * j + 16);
+                    d[NW - 4] = q1.x, d[NW - 3] = q1.y, d[NW - 2] = q1.z, d[NW - 1] = q1.w;
+                }
+                int sa = 0, sb = 0;
+#pragma unroll
+                for (int k = 0; k < NW; k++) {
+                    sa = j < 2 ? dp4a_su(ca[k], d[k], sa) : dp4a_ss(ca[k], d[k], sa);
+                    sb = j < 2 ? dp4a_su(cb[k], d[k], sb) : dp4a_ss(cb[k], d[k], sb);
+                }
+                pa[j] = sa;
+                pb[j] = sb;
+            }
+            const float4 mq = *reinterpret_cast<const float4 *>(blk + (size_t)m * ldx * 4 + 96);
+            const float va = fmaf((float)pa[2], 65536.0f, (float)(pa[0] + pa[1] * 256));
+            const float vb = fmaf((float)pb[2], 65536.0f, (float)(pb[0] + pb[1] * 256));
+            a0[m] = fmaf(va, sc0 * mq.x, a0[m]);
+            a1[m] = fmaf(vb, sc1 * mq.x, a1[m]);
+            if (badd) {
+                const float xs = Q4 ? mq.w : half ? mq.z : mq.y;
+                a0[m] = fmaf(bz0, xs, a0[m]);
+                a1[m] = fmaf(bz1, xs, a1[m]);
+            }
+        }
+    }
+}
+
 /* chunks per row a lane loads ahead (dot2's unroll U) for weight type T, tile MTT and the 5..8-token
  * tiles' unroll U8 (2: the lean one-token kernel) */
 template <int T, int MTT, int U8> struct dot_u {
@@ -403,7 +581,7 @@ template <int U> struct dot_grp {
     float s0[U], s1[U], b0[U], b1[U]; /* dense rows: unused */
 };
 
-template <int T, int U>
+template <int T, int U, bool QI = false>
 DEV void dot_load(dot_grp<U> &g, const char *w0, const char *w1, const g4c_mat &wm, int c0, int nch, int step, bool sgn,
                   bool bias, unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -423,15 +601,17 @@ DEV void dot_load(dot_grp<U> &g, const char *w0, const char *w1, const g4c_mat &
                  * b' = b + z s, so s·d and b'·Σx do not cancel; signed codes with a bias (widened
                  * narrower codes, session.cu) are centred already */
                 const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f;
-                g.b0[u] = bias ? fmaf(zc, g.s0[u], q_param(w0, wm.bi_off, wm.stype, gi)) : 0.0f;
-                g.b1[u] = bias ? fmaf(zc, g.s1[u], q_param(w1, wm.bi_off, wm.stype, gi)) : 0.0f;
+                if (QI ? bias || !sgn : bias) { /* integer tiles: every unsigned code is centred */
+                    g.b0[u] = fmaf(zc, g.s0[u], bias ? q_param(w0, wm.bi_off, wm.stype, gi) : 0.0f);
+                    g.b1[u] = fmaf(zc, g.s1[u], bias ? q_param(w1, wm.bi_off, wm.stype, gi) : 0.0f);
+                }
             }
         }
     }
 }
 
 /* the group's chunks, in order, into the accumulators (chunk_dot) */
-template <int T, int MTT, int U>
+template <int T, int MTT, int U, bool QI = false>
 DEV void dot_group(const dot_grp<U> &g, int c0, int nch, int step, const float *x, int ldx, int mt, bool sgn, bool bias,
                    float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], float (&a0)[MTT], float (&a1)[MTT]) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -439,7 +619,8 @@ DEV void dot_group(const dot_grp<U> &g, int c0, int nch, int step, const float *
     for (int u = 0; u < U; u++) {
         const int c = c0 + step * u;
         if (c >= nch) continue;
-        chunk_dot<T, MTT>(g.w0[u], g.w1[u], g.s0[u], g.s1[u], g.b0[u], g.b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
+        if constexpr (QI) chunk_dot_qi<T, MTT>(g.w0[u], g.w1[u], g.s0[u], g.s1[u], g.b0[u], g.b1[u], x, c, ldx, mt, sgn, bias || !sgn, a0, a1);
+        else chunk_dot<T, MTT>(g.w0[u], g.w1[u], g.s0[u], g.s1[u], g.b0[u], g.b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
     }
 }
 
@@ -474,7 +655,7 @@ DEV void dot_finish(float (&p0)[MTT][G4C_BACC], float (&p1)[MTT][G4C_BACC], floa
  * of their use; it never changes the sequence of operations on any accumulator (U8: the unroll of
  * 5..8-token tiles, chosen per kernel instantiation by mm_tile_t). x is a padded input tile (row
  * stride ldx). */
-template <int T, int MTT, int U8 = 4>
+template <int T, int MTT, int U8 = 4, bool QI = false>
 DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const float *x, int ldx, int mt, int j, int S,
               float (&acc)[2][G4C_MT], unsigned long long pol) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -503,8 +684,10 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
                      * shift: b' = b + z s, so s·d and b'·Σx do not cancel; signed codes with a
                      * bias (widened narrower codes, session.cu) are centred already */
                     const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f;
-                    b0[u] = bias ? fmaf(zc, s0[u], q_param(w0, wm.bi_off, wm.stype, g)) : 0.0f;
-                    b1[u] = bias ? fmaf(zc, s1[u], q_param(w1, wm.bi_off, wm.stype, g)) : 0.0f;
+                    if (QI ? bias || !sgn : bias) { /* integer tiles: every unsigned code is centred */
+                        b0[u] = fmaf(zc, s0[u], bias ? q_param(w0, wm.bi_off, wm.stype, g) : 0.0f);
+                        b1[u] = fmaf(zc, s1[u], bias ? q_param(w1, wm.bi_off, wm.stype, g) : 0.0f);
+                    }
                 }
             }
         }
@@ -512,7 +695,8 @@ DEV void dot2(const char *w0, const char *w1, const g4c_mat &wm, int K, const fl
         for (int u = 0; u < U; u++) {
             const int c = c0 + step * u;
             if (c >= nch) continue;
-            chunk_dot<T, MTT>(wv0[u], wv1[u], s0[u], s1[u], b0[u], b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
+            if constexpr (QI) chunk_dot_qi<T, MTT>(wv0[u], wv1[u], s0[u], s1[u], b0[u], b1[u], x, c, ldx, mt, sgn, bias || !sgn, a0, a1);
+            else chunk_dot<T, MTT>(wv0[u], wv1[u], s0[u], s1[u], b0[u], b1[u], x + px(c * E), ldx, mt, sgn, bias, p0, p1, a0, a1);
         }
     }
     dot_finish<T, MTT>(p0, p1, a0, a1, acc);
@@ -673,8 +857,8 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
  * G4C_THREADS·G4C_IN_NPT): every global load of a row (x, the residual addend, both norm weights) is
  * issued before any is used, so a row costs one memory round trip and two block reductions; the
  * arithmetic per element is the same for any M. */
-DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
-                     const g4c_params &p, bool writer) {
+DEVN bool load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *sm, double *red,
+                     const g4c_params &p, bool writer, int qt) {
     const g4c_in &in = *inp;
     const int tid = threadIdx.x;
     for (int m = 0; m < mt; m++) {
@@ -693,6 +877,23 @@ DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *
         const float *x = in.x + (size_t)tm * in.ldx;
         if (in.kind != G4C_IN_NORM) { /* plain rows: float4s, 4 independent loads per thread in flight */
             const int K4 = K / 4;
+            if (qt) { /* integer form: warp-uniform steps (qi_block's shuffles), 2 loads in flight */
+#pragma unroll 1
+                for (int c0 = tid - (tid & 31); c0 < K4; c0 += 2 * G4C_THREADS) {
+                    float4 a[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int c = c0 + (tid & 31) + u * G4C_THREADS;
+                        a[u] = c < K4 ? lda4(x + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int c = c0 + (tid & 31) + u * G4C_THREADS;
+                        if (c0 + u * G4C_THREADS < K4) tile_put(v, c, a[u], c < K4, qt);
+                    }
+                }
+                continue;
+            }
 #pragma unroll 1
             for (int c0 = tid; c0 < K4; c0 += 4 * G4C_THREADS) {
                 float4 a[4];
@@ -765,10 +966,15 @@ DEVN void load_input(const g4c_in *inp, int K, int t0, int mt, int step, float *
 #pragma unroll
         for (int k = 0; k < N4; k++) {
             const int c = tid + k * G4C_THREADS;
-            if (c < K4) *reinterpret_cast<float4 *>(v + px(4 * c)) = xv[k];
+            if (qt) {
+                if (k * G4C_THREADS < K4) tile_put(v, c, xv[k], c < K4, qt); /* warp-uniform */
+            } else if (c < K4) {
+                *reinterpret_cast<float4 *>(v + px(4 * c)) = xv[k];
+            }
         }
     }
     __syncthreads();
+    return qt != 0 && in.kind != G4C_IN_CONCAT;
 }
 
 /* ---- argmax / min across the grid: per-block partials, the last block to finish combines ------ */
@@ -1044,7 +1250,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         bool sgn, bias;
         pi = mm_item(op, sh, it, &r0, &has1, &w0, &w1);
         flags(pi, sgn, bias);
-        dot_load<T, U>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
+        dot_load<T, U, Q>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
     }
 #pragma unroll 1
     while (it < total) {
@@ -1058,10 +1264,10 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         bool sgn, bias;
         if (nit < total) {
             flags(npi, sgn, bias);
-            dot_load<T, U>(gb, nw0, nw1, op->part[npi].w, cb + ngi * cstep * U, nch, cstep, sgn, bias, pol);
+            dot_load<T, U, Q>(gb, nw0, nw1, op->part[npi].w, cb + ngi * cstep * U, nch, cstep, sgn, bias, pol);
         }
         flags(pi, sgn, bias);
-        dot_group<T, MTT, U>(ga, cb + g * cstep * U, nch, cstep, sm, ldk, mt, sgn, bias, p0, p1, a0, a1);
+        dot_group<T, MTT, U, Q>(ga, cb + g * cstep * U, nch, cstep, sm, ldk, mt, sgn, bias, p0, p1, a0, a1);
         if (g + 1 == ng) {
             float acc[2][G4C_MT];
             dot_finish<T, MTT>(p0, p1, a0, a1, acc);
@@ -1119,10 +1325,18 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
         if (pf_self && lead && lane == 0 && it + nteams < total) mm_prefetch_item(op, sh, it + nteams);
         const g4c_part *P0 = &op->part[pi];
         float acc[2][G4C_MT];
-        dot2<T, MTT, U8>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol);
+        dot2<T, MTT, U8, T == G4C_Q8 || T == G4C_Q4>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol); /* qi_tile's tile */
         mm_item_out<MTT>(op, P0, tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
     }
     if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+}
+
+/* the stage's tile in integer form where its rows are quantised (qi_tile) */
+template <unsigned TM> DEV void qi_tile_t(int qt, float *sm, int ldk, int K, int mt) {
+    if constexpr ((TM & (1u << G4C_Q8)) != 0)
+        if ((qt & 255) == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt, qt & G4C_QI_XS);
+    if constexpr ((TM & (1u << G4C_Q4)) != 0)
+        if ((qt & 255) == G4C_Q4) qi_tile<G4C_Q4>(sm, ldk, K, mt, qt & G4C_QI_XS);
 }
 
 template <unsigned TM, int MTT>
@@ -1820,7 +2034,7 @@ DEVN void fp_prep(const g4c_op *op, const g4c_params &p, int step, float *sm, do
     const size_t ts = (size_t)p.fp_tokens * p.fp_ld;
 #pragma unroll 1
     for (int m = blockIdx.x; m < p.M; m += gridDim.x) {
-        load_input(&op->in, K, m, 1, step, sm, red, p, true);
+        load_input(&op->in, K, m, 1, step, sm, red, p, true, 0);
         unsigned *h = reinterpret_cast<unsigned *>(p.fp_x + (size_t)m * p.fp_ld);
         unsigned *md = reinterpret_cast<unsigned *>(p.fp_x + ts + (size_t)m * p.fp_ld);
         unsigned *l = reinterpret_cast<unsigned *>(p.fp_x + 2 * ts + (size_t)m * p.fp_ld);
@@ -2327,6 +2541,12 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
         }
     }
     const iq_smem iqs = iq_smem_of(sm, ldk, K, mt_cap);
+    /* 4- and 8-bit rows take the tile in integer form (qi_block), built with it where load_input builds it */
+    int qt = 0;
+    if (sh.total && !mma && !iq) {
+        if constexpr ((TM & (1u << G4C_Q8)) != 0) qt = type == G4C_Q8 ? qi_kind(type, op->part, op->nparts) : qt;
+        if constexpr ((TM & (1u << G4C_Q4)) != 0) qt = type == G4C_Q4 ? qi_kind(type, op->part, op->nparts) : qt;
+    }
     for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
@@ -2334,10 +2554,12 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
             const int sub = min(G4C_MT, mt - m0);
             float *base = sm + (size_t)m0 * ldk;
             if ((TM & G4C_KM_M1) == 0 && sub > 1 && op->in.kind != G4C_IN_CONCAT &&
-                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats)
+                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats) {
                 load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0);
-            else
-                load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0);
+                if (qt) qi_tile_t<TM>(qt, base, ldk, K, sub);
+            } else if (!load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0, qt) && qt) {
+                qi_tile_t<TM>(qt, base, ldk, K, sub);
+            }
         }
         if (iq && sh.total) iq_digits(sm, ldk, K, mt, iqs);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
@@ -3018,7 +3240,7 @@ DEVT void expert_tile(const g4c_op *op, float *sm, int t0, int mt, int ldk, int 
             w1 = has1 ? w0 + w.row_bytes : w0;
         }
         float acc[2][G4C_MT];
-        dot2<T, 1>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc, pol);
+        dot2<T, 1, 4, T == G4C_Q8 || T == G4C_Q4>(w0, w1, w, kin, x, ldk, 1, 0, 1, acc, pol); /* qi_tile's rows */
         if (lane == 0) {
             const size_t mk = (size_t)(t0 + m) * K + k;
             if (pair) {
@@ -3044,6 +3266,7 @@ DEVT void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
         for (int r = 0; r < mt * rpt; r++)
 #pragma unroll 1
             for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
+        qi_tile_t<TM>(op->ew.type | G4C_QI_XS, sm, ldk, kin, mt * rpt);
         __syncthreads();
         switch (op->ew.type) {
         case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
@@ -3393,7 +3616,8 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
          * kernel's 128 registers (ptxas -v: 384 bytes for bf16 rows, 780 for 4-bit ones), but
          * building it through shared memory instead (load_rows, no spills) measured slower on an
          * H100: E2B bf16 351.1 -> 343.2 tok/s against mode 2, E4B 201.4 -> 194.2 (README) */
-        load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0);
+        const int qt = Q ? qi_kind(T, op->part, op->nparts) : 0;
+        if (!load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0, qt) && Q) qi_tile<T>(sm, ldk, K, 1, qt & G4C_QI_XS);
         if (p.strace) st_mark(p, op, 2, global_ns());
         int parity = 0, slot = 0;
         float bv[G4C_MT];
@@ -3429,18 +3653,21 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
                         const unsigned *sw = reinterpret_cast<const unsigned *>(sl + 1024);
                         sc0[h] = ring_param(sw[lane], w0, wm.sc_off, wm.stype, g);
                         sc1[h] = ring_param(sw[32 + lane], w1, wm.sc_off, wm.stype, g);
-                        const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f; /* as dot2 */
-                        if (bias) {
-                            bz0[h] = fmaf(zc, sc0[h], ring_param(sw[64 + lane], w0, wm.bi_off, wm.stype, g));
-                            bz1[h] = fmaf(zc, sc1[h], ring_param(sw[96 + lane], w1, wm.bi_off, wm.stype, g));
+                        const float zc = sgn ? 0.0f : T == G4C_Q8 ? 128.0f : 8.0f; /* as dot2 (integer tile) */
+                        if (bias || !sgn) {
+                            bz0[h] = fmaf(zc, sc0[h], bias ? ring_param(sw[64 + lane], w0, wm.bi_off, wm.stype, g) : 0.0f);
+                            bz1[h] = fmaf(zc, sc1[h], bias ? ring_param(sw[96 + lane], w1, wm.bi_off, wm.stype, g) : 0.0f);
                         }
                     }
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     if (h && !two) break;
-                    chunk_dot<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm + px((c + h * step) * E), ldk, 1, sgn, bias, p0, p1,
-                                    a0, a1);
+                    if constexpr (Q)
+                        chunk_dot_qi<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm, c + h * step, ldk, 1, sgn, bias || !sgn, a0, a1);
+                    else
+                        chunk_dot<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm + px((c + h * step) * E), ldk, 1, sgn, bias, p0,
+                                        p1, a0, a1);
                 }
                 /* the slots are free once their values have been used: the lane's next chunks, R ahead */
 #pragma unroll

@@ -96,8 +96,10 @@ static int generate(g4_session *s, const int32_t *prompt, int np, int n, g4_draf
 }
 
 /* dir, or "QDIR=REFDIR": the GPU runs QDIR (quantised) and the CPU comparisons run REFDIR, the same
- * weights dequantised to f32, so both sides use float activations (the CPU's quantised path
- * quantises activations to int8, which on random-weight fixtures moves logits by several units) */
+ * weights dequantised to f32 with float activations (the GPU's quantised rows meet activations as
+ * 24-bit integers per 32-column block, the resolution of the block's largest float; the CPU's
+ * quantised path quantises activations to int8, which on random-weight fixtures moves logits by
+ * several units) */
 static void check_fixture(const char *arg, int n_gen) {
     char name[1024], detail[2048], dirbuf[1024];
     snprintf(dirbuf, sizeof dirbuf, "%s", arg);
