@@ -416,22 +416,23 @@ DEV int dp4a_su(unsigned a, unsigned b, int c) { /* signed bytes of a times unsi
 DEV int dp4a_ss(unsigned a, unsigned b, int c) { return __dp4a((int)a, (int)b, c); }
 
 /* One block in integer form from its floats, lane q = lane & 7 of each group of eight holding columns
- * 4q..4q+3 (v; four blocks a warp), written into the block's 144 bytes at blk (xs: with the sums
- * of x; a stage whose rows all lack an additive term reads none). Every lane of the warp calls it
- * (on: the group's block exists); INPLACE: v was read from the block itself. */
-template <int T, bool INPLACE>
-DEV void qi_block(const float4 &v, unsigned char *blk, bool on, bool xs) {
+ * 4q..4q+3 (v; four blocks a warp), written into the block's 144 bytes at blk. Every lane of the
+ * warp calls it (on: the group's block exists); nothing of the block is read here, so its floats
+ * may be the source. */
+template <int T>
+DEV void qi_block(const float4 &v, unsigned char *blk, bool on) {
     const int lane = threadIdx.x & 31, q = lane & 7;
     const float xv[4] = {v.x, v.y, v.z, v.w};
-    /* max |x| of the group as bits: one reduction; a NaN or an infinity orders above every finite */
-    const unsigned ab = max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
-                            max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
-    const unsigned mb = __reduce_max_sync(0xffu << (lane & 24), ab);
-    const bool bad = mb >= 0x7f800000u;
-    const float mx = __uint_as_float(mb);
-    /* the block's largest element maps to about 2^23 − 1 (blocks under 2^-100: zero) */
+    const float ax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+    /* a NaN or an infinity anywhere in the block (fmaxf drops NaNs) */
+    const unsigned bal = __ballot_sync(0xffffffffu, !(ax <= 3.4028234e38f) || v.x != v.x || v.y != v.y || v.z != v.z || v.w != v.w);
+    const bool bad = ((bal >> (lane & 24)) & 0xffu) != 0;
+    float mx = ax;
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    /* the block's largest element maps to 2^23 − 1 (blocks under 2^-100: zero) */
     const bool zero = bad || !(mx >= 7.8886091e-31f);
-    const float r = zero ? 0.0f : __fdividef(32767.99609375f, mx * 0.00390625f); /* (2^23 − 1)/mx; __fdividef: divisor < 2^126 */
+    const float r = zero ? 0.0f : 8388607.0f / mx;
     unsigned d[3] = {0u, 0u, 0u}; /* the lane's four columns in each plane, a byte each */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -439,16 +440,12 @@ DEV void qi_block(const float4 &v, unsigned char *blk, bool on, bool xs) {
 #pragma unroll
         for (int j = 0; j < 3; j++) d[j] |= (unsigned)((X >> (8 * j)) & 255) << (8 * i);
     }
-    float s_lo = 0.0f, s_hi = 0.0f;
-    if (xs) { /* Σx over each half (lanes 0..3, 4..7 of the group) */
-        float sx = (v.x + v.y) + (v.z + v.w);
-        sx += __shfl_xor_sync(0xffffffffu, sx, 1);
-        sx += __shfl_xor_sync(0xffffffffu, sx, 2);
-        const float so = __shfl_xor_sync(0xffffffffu, sx, 4);
-        s_lo = q < 4 ? sx : so;
-        s_hi = q < 4 ? so : sx;
-    }
-    float dx = bad ? __int_as_float(0x7fc00000) : zero ? 0.0f : __fdividef(mx, 8388607.0f);
+    float sx = (v.x + v.y) + (v.z + v.w); /* Σx over each half (lanes 0..3, 4..7 of the group) */
+    sx += __shfl_xor_sync(0xffffffffu, sx, 1);
+    sx += __shfl_xor_sync(0xffffffffu, sx, 2);
+    const float so = __shfl_xor_sync(0xffffffffu, sx, 4);
+    const float s_lo = q < 4 ? sx : so, s_hi = q < 4 ? so : sx;
+    float dx = bad ? __int_as_float(0x7fc00000) : zero ? 0.0f : mx / 8388607.0f;
     if (T == G4C_Q4) { /* the codes carry 16; plane words in the nibbles' order (pairs of lanes) */
         dx *= 0.0625f;
 #pragma unroll
@@ -458,7 +455,7 @@ DEV void qi_block(const float4 &v, unsigned char *blk, bool on, bool xs) {
             d[j] = __byte_perm(lo, hi, q & 1 ? 0x7531 : 0x6420);
         }
     }
-    if (INPLACE) __syncwarp(); /* every lane has read its floats */
+    __syncwarp(); /* every lane has read its floats (qi_tile reads them from the block itself) */
     if (on) {
 #pragma unroll
         for (int j = 0; j < 3; j++) *reinterpret_cast<unsigned *>(blk + 32 * j + 4 * q) = d[j];
@@ -471,7 +468,7 @@ DEV unsigned char *qi_blk(float *v, int c) { return reinterpret_cast<unsigned ch
 /* rows 0..mt-1 of the float tile sm (row stride ldk floats, K a multiple of 32) into the integer
  * form, in place (tiles load_input did not build in that form); every thread of the block */
 template <int T>
-DEVN void qi_tile(float *sm, int ldk, int K, int mt, bool xs) {
+DEVN void qi_tile(float *sm, int ldk, int K, int mt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K4 = K >> 2;
     __syncthreads(); /* the float tile is complete */
 #pragma unroll 1
@@ -480,26 +477,16 @@ DEVN void qi_tile(float *sm, int ldk, int K, int mt, bool xs) {
         const bool on = idx < mt * K4;
         float *v = sm + (size_t)(on ? m : 0) * ldk;
         const float4 x = on ? *reinterpret_cast<const float4 *>(v + px(4 * c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        qi_block<T, true>(x, qi_blk(v, c), on, xs);
+        qi_block<T>(x, qi_blk(v, c), on);
     }
     __syncthreads();
 }
-/* a tile row's float4s into shared memory as float (qt 0) or in integer form (qt: the rows' type,
- * G4C_QI_XS added when the stage's rows need the sums of x), thread tid holding float4 c (c < K4:
- * on; every lane calls it for qt != 0) */
-enum { G4C_QI_XS = 256 };
+/* a tile row's float4s into shared memory as float (qt 0) or in integer form (qt: the rows' type),
+ * thread tid holding float4 c (c < K4: on; every lane calls it for qt != 0) */
 DEV void tile_put(float *v, int c, const float4 &x, bool on, int qt) {
-    if ((qt & 255) == G4C_Q4) qi_block<G4C_Q4, false>(x, qi_blk(v, c), on, qt & G4C_QI_XS);
-    else if ((qt & 255) == G4C_Q8) qi_block<G4C_Q8, false>(x, qi_blk(v, c), on, qt & G4C_QI_XS);
+    if (qt == G4C_Q4) qi_block<G4C_Q4>(x, qi_blk(v, c), on);
+    else if (qt == G4C_Q8) qi_block<G4C_Q8>(x, qi_blk(v, c), on);
     else if (on) *reinterpret_cast<float4 *>(v + px(4 * c)) = x;
-}
-/* the qt of a stage's rows: their type, with G4C_QI_XS where a part has an additive term (a bias,
- * or unsigned codes, centred by one) */
-DEV int qi_kind(int type, const g4c_part *part, int nparts) {
-    int xs = 0;
-    for (int i = 0; i < nparts; i++)
-        if ((part[i].w.flags & G4C_QF_BIAS) || !(part[i].w.flags & G4C_QF_SIGNED)) xs = G4C_QI_XS;
-    return type | xs;
 }
 
 /* chunk_dot against an integer tile (x: row 0 of the tile, c: the chunk's index): the same
@@ -1332,11 +1319,11 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
 }
 
 /* the stage's tile in integer form where its rows are quantised (qi_tile) */
-template <unsigned TM> DEV void qi_tile_t(int qt, float *sm, int ldk, int K, int mt) {
+template <unsigned TM> DEV void qi_tile_t(int type, float *sm, int ldk, int K, int mt) {
     if constexpr ((TM & (1u << G4C_Q8)) != 0)
-        if ((qt & 255) == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt, qt & G4C_QI_XS);
+        if (type == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt);
     if constexpr ((TM & (1u << G4C_Q4)) != 0)
-        if ((qt & 255) == G4C_Q4) qi_tile<G4C_Q4>(sm, ldk, K, mt, qt & G4C_QI_XS);
+        if (type == G4C_Q4) qi_tile<G4C_Q4>(sm, ldk, K, mt);
 }
 
 template <unsigned TM, int MTT>
@@ -2544,8 +2531,8 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     /* 4- and 8-bit rows take the tile in integer form (qi_block), built with it where load_input builds it */
     int qt = 0;
     if (sh.total && !mma && !iq) {
-        if constexpr ((TM & (1u << G4C_Q8)) != 0) qt = type == G4C_Q8 ? qi_kind(type, op->part, op->nparts) : qt;
-        if constexpr ((TM & (1u << G4C_Q4)) != 0) qt = type == G4C_Q4 ? qi_kind(type, op->part, op->nparts) : qt;
+        if constexpr ((TM & (1u << G4C_Q8)) != 0) qt = type == G4C_Q8 ? G4C_Q8 : qt;
+        if constexpr ((TM & (1u << G4C_Q4)) != 0) qt = type == G4C_Q4 ? G4C_Q4 : qt;
     }
     for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
@@ -3266,7 +3253,7 @@ DEVT void op_expert(const g4c_op *op, const g4c_params &p, float *sm) {
         for (int r = 0; r < mt * rpt; r++)
 #pragma unroll 1
             for (int i = threadIdx.x; i < kin; i += G4C_THREADS) sm[(size_t)r * ldk + px(i)] = lda(src + (size_t)r * kin + i);
-        qi_tile_t<TM>(op->ew.type | G4C_QI_XS, sm, ldk, kin, mt * rpt);
+        qi_tile_t<TM>(op->ew.type, sm, ldk, kin, mt * rpt);
         __syncthreads();
         switch (op->ew.type) {
         case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) expert_tile<G4C_BF16>(op, sm, t0, mt, ldk, p.evict_first); break;
@@ -3616,8 +3603,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
          * kernel's 128 registers (ptxas -v: 384 bytes for bf16 rows, 780 for 4-bit ones), but
          * building it through shared memory instead (load_rows, no spills) measured slower on an
          * H100: E2B bf16 351.1 -> 343.2 tok/s against mode 2, E4B 201.4 -> 194.2 (README) */
-        const int qt = Q ? qi_kind(T, op->part, op->nparts) : 0;
-        if (!load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0, qt) && Q) qi_tile<T>(sm, ldk, K, 1, qt & G4C_QI_XS);
+        if (!load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0, Q ? T : 0) && Q) qi_tile<T>(sm, ldk, K, 1);
         if (p.strace) st_mark(p, op, 2, global_ns());
         int parity = 0, slot = 0;
         float bv[G4C_MT];
