@@ -8,7 +8,7 @@
 #      default "4 2 0"): every check must pass in every mode (blocks of 1-7 tokens run staged,
 #      longer prompts the persistent kernel); with STAGED_QUANT=1 (needs data.tar.xz) also the
 #      quantised fixtures against their dequantised f32 references (scripts/gpu_prep.sh refs), by
-#      default and with G4_CUDA_RING_Q=1;
+#      under each setting of STAGED_QUANT_ENVS (default "G4_CUDA_RING_Q=0 G4_CUDA_RING_Q=1");
 #   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
 #      upload (--staged STAGED_BENCH, default the modes above; 0: the persistent kernel, 1: staged
 #      with matmuls two blocks per SM, 2: staged, one block per SM; 3: one-token matmuls on mode 1's
@@ -47,11 +47,13 @@ modes=${STAGED_MODES:-4 2 0}
     [ -d .gpu/qref ] || bash scripts/gpu_prep.sh refs $B/g4
     pairs=()
     for d in .gpu/qfix/*/; do d=${d%/}; pairs+=("$d=.gpu/qref/$(basename "$d")"); done
-    for rq in 0 1; do
-      echo "== quantised fixtures vs dequantised f32, G4_CUDA_RING_Q=$rq"
-      G4_CUDA_RING_Q=$rq timeout 400 $B/tests/gpu/gpu_exact --tokens 64 "${pairs[@]}" >/tmp/quant_$rq.txt 2>&1 || fails=$((fails + 1))
-      grep -E "^FAIL" /tmp/quant_$rq.txt | head -20 | cut -c1-220
-      tail -n 1 /tmp/quant_$rq.txt
+    qi=0
+    for qe in ${STAGED_QUANT_ENVS:-G4_CUDA_RING_Q=0 G4_CUDA_RING_Q=1}; do
+      qi=$((qi + 1))
+      echo "== quantised fixtures vs dequantised f32, $qe"
+      env "$qe" timeout 400 $B/tests/gpu/gpu_exact --tokens 64 "${pairs[@]}" >/tmp/quant_$qi.txt 2>&1 || fails=$((fails + 1))
+      grep -E "^FAIL" /tmp/quant_$qi.txt | head -20 | cut -c1-220
+      tail -n 1 /tmp/quant_$qi.txt
     done
   fi
   runs=("$@")

@@ -466,18 +466,34 @@ DEV void qi_block(const float4 &v, unsigned char *blk, bool on) {
 DEV unsigned char *qi_blk(float *v, int c) { return reinterpret_cast<unsigned char *>(v + 36 * (c >> 3)); }
 
 /* rows 0..mt-1 of the float tile sm (row stride ldk floats, K a multiple of 32) into the integer
- * form, in place (tiles load_input did not build in that form); every thread of the block */
-template <int T>
-DEVN void qi_tile(float *sm, int ldk, int K, int mt) {
+ * form, in place (tiles load_input did not build in that form); every thread of the block. xf(m, c,
+ * x) gives the value of float4 c of row m from its float4 x in the tile (load_rows: the norm's last
+ * multiply): elementwise, so the values are those of a float tile transformed first. */
+struct qi_same {
+    __device__ __forceinline__ float4 operator()(int, int, const float4 &x) const { return x; }
+};
+template <int T, class XF = qi_same>
+DEVN void qi_tile(float *sm, int ldk, int K, int mt, XF xf = XF()) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K4 = K >> 2;
     __syncthreads(); /* the float tile is complete */
+    /* two sets of four blocks a warp per step: independent chains of shuffles (each set's blocks are
+     * its own, their floats read before either is written) */
 #pragma unroll 1
-    for (int i0 = 32 * warp; i0 < mt * K4; i0 += 32 * G4C_WARPS) {
-        const int idx = i0 + lane, m = idx / K4, c = idx - m * K4;
-        const bool on = idx < mt * K4;
-        float *v = sm + (size_t)(on ? m : 0) * ldk;
-        const float4 x = on ? *reinterpret_cast<const float4 *>(v + px(4 * c)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        qi_block<T>(x, qi_blk(v, c), on);
+    for (int i0 = 32 * warp; i0 < mt * K4; i0 += 64 * G4C_WARPS) {
+        float4 x[2];
+        float *v[2];
+        int c[2];
+        bool on[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int idx = i0 + u * 32 * G4C_WARPS + lane, m = idx / K4;
+            on[u] = idx < mt * K4;
+            c[u] = idx - m * K4;
+            v[u] = sm + (size_t)(on[u] ? m : 0) * ldk;
+            x[u] = on[u] ? xf(m, c[u], *reinterpret_cast<const float4 *>(v[u] + px(4 * c[u]))) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        qi_block<T>(x[0], qi_blk(v[0], c[0]), on[0]);
+        if (i0 + 32 * G4C_WARPS < mt * K4) qi_block<T>(x[1], qi_blk(v[1], c[1]), on[1]); /* warp-uniform */
     }
     __syncthreads();
 }
@@ -734,17 +750,19 @@ DEV double red_get(int m, const double *red) {
  * operand read from shared memory (few live registers: this is inlined into a kernel at its
  * register limit). Per element and per row the arithmetic and the reduction order are load_input's
  * (thread tid owns the float4s tid + k·G4C_THREADS of every row), so the tile is bitwise the one
- * the row-at-a-time path builds. The rows are independent work: each pass is unrolled over the
- * rows (their loads, butterflies and stores interleave) and each row's inverse norm is computed
- * once, by thread m, into shared memory (fs) - not as mt sequential chains of the warp sums'
- * addition and a double division and square root in every thread (measured in the persistent
- * kernel's trace: 4 rows took 6.9 µs against 1.7 for one). The caller checks the fit
- * (load_rows_floats). red: two [WARPS][G4C_MT] double scratch arrays, then fs: 2·G4C_MT floats. */
+ * the row-at-a-time path builds. Each pass is a loop over the rows, not unrolled: a stage kernel
+ * runs this code once per launch, so its length is instruction fetches on the critical path. Each
+ * row's inverse norm is computed once, by thread m, into shared memory (fs) - not as mt sequential
+ * chains of the warp sums' addition and a double division and square root in every thread. The caller checks the fit
+ * (load_rows_floats). red: two [WARPS][G4C_MT] double scratch arrays, then fs: 2·G4C_MT floats.
+ * qt (a type in QM, the stage's 4- or 8-bit rows): normed rows are built in integer form by the
+ * norm's last pass (qi_tile with that multiply; returns true); other rows are left as floats. */
 DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
     return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
 }
-DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p,
-                    bool writer) {
+template <unsigned QM>
+DEVN bool load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p,
+                    bool writer, int qt) {
     const int tid = threadIdx.x, K4 = K / 4, ldk = G4C_TILE_LD(K);
     const bool norm = in.kind == G4C_IN_NORM;
     const bool has_t = norm && in.t, has_n = norm && in.norm != G4C_NORM_NONE;
@@ -765,11 +783,11 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
     }
     cp_wait();
     __syncthreads();
-    if (!norm) return;
+    if (!norm) return false; /* plain rows: the caller converts them in place (qi_tile) */
     constexpr int N4 = G4C_IN_NPT / 4;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (has_t) { /* residual: v += rms_w(t_w)(t) */
-#pragma unroll
+#pragma unroll 1
         for (int m = 0; m < G4C_MT; m++) {
             if (m >= mt) break;
             double ss = 0;
@@ -784,7 +802,7 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
         if (tid < mt) fs[tid] = rms_inv(red_get(tid, red1), K, p.eps);
         __syncthreads();
     }
-#pragma unroll
+#pragma unroll 1
     for (int m = 0; m < G4C_MT; m++) {
         if (m >= mt) break;
         const float inv = has_t ? fs[m] : 0.0f;
@@ -817,7 +835,22 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
         if (tid < mt) fs[G4C_MT + tid] = rms_inv(red_get(tid, red2), K, p.eps);
         __syncthreads();
         const float f = in.norm == G4C_NORM_ROUTER ? in.norm_scale : 1.0f;
-#pragma unroll
+        if (qt) { /* the norm's last multiply as the integer form is built (qi_tile): the same values */
+            auto xf = [&](int m, int c, const float4 &x) {
+                const float iv = fs[G4C_MT + m];
+                const float4 nw = *reinterpret_cast<const float4 *>(nws + 4 * c);
+                const float4 xv = make_float4(x.x * iv * f * nw.x, x.y * iv * f * nw.y, x.z * iv * f * nw.z, x.w * iv * f * nw.w);
+                if (writer && in.normed_out)
+                    reinterpret_cast<float4 *>(in.normed_out + (size_t)(t0 + m) * K + (size_t)step * in.normed_step)[c] = xv;
+                return xv;
+            };
+            if constexpr ((QM & (1u << G4C_Q4)) != 0)
+                if (qt == G4C_Q4) qi_tile<G4C_Q4>(sm, ldk, K, mt, xf);
+            if constexpr ((QM & (1u << G4C_Q8)) != 0)
+                if (qt == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt, xf);
+            return true;
+        }
+#pragma unroll 1
         for (int m = 0; m < G4C_MT; m++) {
             if (m >= mt) break;
             const float iv = fs[G4C_MT + m];
@@ -836,6 +869,7 @@ DEVN void load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
         }
     }
     __syncthreads();
+    return false;
 }
 
 /* Rows t0 .. t0+mt-1 of the stage's input into sm[m * K ...], transformed as the stage asks. Every
@@ -1204,8 +1238,12 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
  * asks for the next item's: with 4-bit rows as wide as E2B's (1536 columns: one or two chunks a
  * lane), each item was one memory round trip with a few hundred bytes a warp in flight. Every
  * accumulator sees dot2's operations in dot2's order, so the outputs are bitwise dot2's. */
-template <int T, int MTT, int U>
-DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk) {
+struct pipe_none {
+    __device__ __forceinline__ void operator()() const {}
+};
+template <int T, int MTT, int U, class PRE = pipe_none>
+DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk,
+                       PRE pre = PRE()) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
     const tail_t tl = tail_of(sm, p);
@@ -1239,6 +1277,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         flags(pi, sgn, bias);
         dot_load<T, U, Q>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
     }
+    pre(); /* mm_stage_early: with the first group in flight, the wait for the stage before and the tile */
 #pragma unroll 1
     while (it < total) {
         int nit = it, ngi = g + 1, nr0 = r0, nhas1 = has1, npi = pi;
@@ -1289,8 +1328,8 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
     const int tg = blk * tpb + team, nteams = nblk * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
     if constexpr (MTT == 1 && U8 != 2 && (T == G4C_Q4 || T == G4C_Q8)) {
-        /* p.mm_pipe: every such tile of the session, never some (session.cu: on where the model's
-         * hidden rows fit half dot2's unroll). Measured on an H100: choosing per stage by the row's
+        /* p.mm_pipe: every such tile of the session, never some (session.cu: on by default, with
+         * the staged decode's early first group). Measured on an H100: choosing per stage by the row's
          * width made E2B qat-int4 slower than either choice alone (341.9 tok/s against 359.0 all
          * dot2, 370.1 all pipelined): stages alternating between two code paths pay for fetching
          * both into the instruction cache, which ncu shows as the small stages' main stall */
@@ -1324,6 +1363,25 @@ template <unsigned TM> DEV void qi_tile_t(int type, float *sm, int ldk, int K, i
         if (type == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt);
     if constexpr ((TM & (1u << G4C_Q4)) != 0)
         if (type == G4C_Q4) qi_tile<G4C_Q4>(sm, ldk, K, mt);
+}
+
+/* a matmul stage's input tile of mt rows from token t0 (in integer form for qt, the stage's 4- or
+ * 8-bit type; 0: floats); writer: block 0, which also stores what the rest of the program reads */
+template <unsigned TM>
+DEV void mm_input(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, bool writer, int qt) {
+    const tail_t tl = tail_of(sm, p);
+    const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
+    for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
+        const int sub = min(G4C_MT, mt - m0);
+        float *base = sm + (size_t)m0 * ldk;
+        if ((TM & G4C_KM_M1) == 0 && sub > 1 && op->in.kind != G4C_IN_CONCAT &&
+            (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats) {
+            if (!load_rows<TM>(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, writer, qt) && qt)
+                qi_tile_t<TM>(qt, base, ldk, K, sub);
+        } else if (!load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, writer, qt) && qt) {
+            qi_tile_t<TM>(qt, base, ldk, K, sub);
+        }
+    }
 }
 
 template <unsigned TM, int MTT>
@@ -2537,17 +2595,7 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
-        for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
-            const int sub = min(G4C_MT, mt - m0);
-            float *base = sm + (size_t)m0 * ldk;
-            if ((TM & G4C_KM_M1) == 0 && sub > 1 && op->in.kind != G4C_IN_CONCAT &&
-                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats) {
-                load_rows(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0);
-                if (qt) qi_tile_t<TM>(qt, base, ldk, K, sub);
-            } else if (!load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0, qt) && qt) {
-                qi_tile_t<TM>(qt, base, ldk, K, sub);
-            }
-        }
+        mm_input<TM>(op, p, step, sm, t0, mt, blk == 0, qt);
         if (iq && sh.total) iq_digits(sm, ldk, K, mt, iqs);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if (p.strace && t0 == m_begin + ti0 * mt_cap) st_mark(p, op, 2, global_ns());
@@ -3680,6 +3728,28 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
+/* A stage of 4- or 8-bit rows, one token (or, with p.mm_pipe == 3, a verify block of up to 4), with
+ * its first load group in flight before the wait (p.mm_pipe >= 2; stage_run, kernel 2): weights
+ * depend on no stage, so each warp's first chunks of its first item travel while the stage before
+ * finishes and the input tile is built and quantised (qi_block), instead of after. Otherwise it is
+ * op_matmul's tile through mm_tile_pipe: the same input, operations and order, so the same bits. */
+template <unsigned TM, int T, int MTT>
+DEVT void mm_stage_early(const g4c_op *op, const g4c_params &p, float *sm) {
+    constexpr int U8 = (TM & G4C_KM_LEAN) ? 2 : (TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 4 : 8; /* mm_tile_t's */
+    const tail_t tl = tail_of(sm, p);
+    const mm_shape sh = mm_shape_of(op, p);
+    const int amax = mm_amax(op, sh), m_begin = op->lm ? p.lm_from : 0, mt = p.M - m_begin;
+    auto pre = [&]() {
+        stage_wait(p, op);
+        mm_input<TM>(op, p, 0, sm, m_begin, mt, blockIdx.x == 0, T);
+        if (p.strace) st_mark(p, op, 2, global_ns());
+    };
+    mm_tile_pipe<T, MTT, dot_u<T, MTT, U8>::U / 2>(op, p, 0, sm, m_begin, mt, amax, blockIdx.x, gridDim.x, pre);
+    if (op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, threadIdx.x >> 5);
+    __syncthreads();
+    if (amax) finish_argmax(p, m_begin, p.M, amax, 0, 0, tl.flag);
+}
+
 /* one stage's work in its staged kernel (below), from the shared-memory copy op of its description */
 template <unsigned TM, int MM>
 __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p, float *sm) {
@@ -3709,6 +3779,25 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
     if constexpr (MM == 4) {
         stage_wait(p, op);
         return;
+    }
+    if constexpr (MM == 2) { /* 4- or 8-bit rows: loads before the wait (one token; verify blocks with p.mm_pipe 3) */
+        constexpr int MTT = (TM & G4C_KM_M1) != 0 ? 1 : 4;
+        const int mt = p.M - (op->lm ? p.lm_from : 0);
+        if (p.mm_pipe >= (MTT == 1 ? 2 : 3) && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) &&
+            (MTT == 1 ? mt == 1 : mt >= 2 && mt <= MTT && mt * G4C_TILE_LD(op->part[0].w.cols) <= p.smem_in_floats) &&
+            mm_shape_of(op, p).total > 0) { /* op_matmul's one tile of mt_cap rows, mm_tile_t's instance */
+            const int wt = op->part[0].w.type;
+            if constexpr ((TM & (1u << G4C_Q4)) != 0)
+                if (wt == G4C_Q4) {
+                    mm_stage_early<TM, G4C_Q4, MTT>(op, p, sm);
+                    return;
+                }
+            if constexpr ((TM & (1u << G4C_Q8)) != 0)
+                if (wt == G4C_Q8) {
+                    mm_stage_early<TM, G4C_Q8, MTT>(op, p, sm);
+                    return;
+                }
+        }
     }
     if (p.stage_pf > 0 && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
         const int warp = threadIdx.x >> 5, S = op->split;

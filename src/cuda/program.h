@@ -314,7 +314,9 @@ typedef struct g4c_params {
                                    global-timer ns, 0 where a stage has no such point (benchmark
                                    instrumentation: session.cu g4_cuda_staged_trace) */
     int mm_pipe;          /* 1: matmul tiles of up to 4 tokens load each group of chunks before the group
-                             before it is computed (forward.cuh mm_tile_pipe; G4_CUDA_PIPE=0: off) */
+                             before it is computed (forward.cuh mm_tile_pipe; G4_CUDA_PIPE=0: off); 2:
+                             also, in the staged decode's one-token stages, the first group before the
+                             wait for the stage before (mm_stage_early); 3: verify blocks of 2..4 too */
     int attn_pre;         /* the staged decode: an attention stage copies its first item's K/V rows of
                              earlier positions before it waits for the previous stage (forward.cuh op_attn) */
 } g4c_params;

@@ -159,8 +159,9 @@ struct g4_cuda {
                                             kernel */
     int stage_pf;                        /* the staged kernels' L2 requests per row team before the wait (G4_CUDA_STAGE_PF, default 0) */
     int ring_q;                          /* mode 4 streams quantised rows through the rings too (G4_CUDA_RING_Q=1; default: mode 2's kernel) */
-    int mm_pipe;                         /* matmul tiles of up to 4 tokens load a group ahead (forward.cuh mm_tile_pipe;
-                                            G4_CUDA_PIPE=0: off) */
+    int mm_pipe;                         /* one-token quantised tiles load a group ahead (forward.cuh mm_tile_pipe; 2, the
+                                            default: the staged decode's first group before the wait;
+                                            G4_CUDA_PIPE=1: without that, 0: off) */
     int attn_early;                      /* staged attention stages copy their earlier K/V rows before the wait and, where
                                             their items fit, run held to half an SM so that they can start beside the
                                             stage before (G4_CUDA_ATTN_EARLY=0: after the wait, on the full-SM kernel) */
@@ -1177,12 +1178,15 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         const char *rq = getenv("G4_CUDA_RING_Q");
         c->ring_q = rq && atoi(rq) == 1;
         c->attn_early = env_on("G4_CUDA_ATTN_EARLY");
-        /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe):
-         * G4_CUDA_PIPE=1 / 0, else on where the hidden rows (most of a token's stages) fit its
-         * groups, 2048 columns: measured on an H100, E2B (1536) qat-int4 361.3 -> 370.1 tok/s,
-         * qat-int8 314.0 -> 324.2, mlx-4 245.2 -> 248.8; E4B (2560) qat-int4 242.8 -> 237.8 */
+        /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe), in
+         * the staged decode with the first group issued before the wait for the stage before
+         * (mm_stage_early): G4_CUDA_PIPE=2, the default. Measured on an H100 (same upload, default
+         * of session 30 -> 2): E2B qat-int4 340.3 -> 415.2 tok/s, qat-int8 261.0 -> 346.5, mlx-4
+         * 234.4 -> 275.9, mixed 2/4/8-bit 322.1 -> 367.8; E4B qat-int4 248.2 -> 283.9 (1, pipelined
+         * without the early group: 220.5). 1: pipelined only; 0: off (dot2); 3: also verify
+         * blocks of 2..4 tokens */
         const char *pe = getenv("G4_CUDA_PIPE");
-        c->mm_pipe = pe && *pe ? atoi(pe) == 1 : cf->hidden <= 2048;
+        c->mm_pipe = pe && *pe ? (atoi(pe) >= 1 && atoi(pe) <= 3 ? atoi(pe) : 0) : 2;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -2044,7 +2048,7 @@ extern "C" void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q) 
 
 extern "C" int g4_cuda_set_pipe(g4_cuda *c, int on) {
     const int was = c->mm_pipe;
-    if (on >= 0) c->mm_pipe = on != 0;
+    if (on >= 0) c->mm_pipe = on > 3 ? 3 : on;
     return was;
 }
 
