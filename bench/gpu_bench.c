@@ -17,8 +17,8 @@
  *                may carry option letters (g4_cuda_set_staged_opts): 4a attention after the wait on the
  *                full-SM kernel, 4q quantised rows through the weight rings (4aq both), p / P
  *                one-token quantised tiles without / with loads a group ahead, e: also their first
- *                group issued before the wait for the stage before, v: verify blocks of 2..4 tokens
- *                too (g4_cuda_set_pipe 0 / 1 / 2 / 3)
+ *                group (and verify blocks' of 2..4 tokens) issued before the wait for the stage
+ *                before (g4_cuda_set_pipe 0 / 1 / 2)
  *   strace       (--strace LIST) one staged step of M tokens at ctx 128 per entry, with marks in every
  *                block (g4_cuda_staged_trace): handoffs, input tiles, work and tails per kind of stage,
  *                DETAIL stages listed one by one */
@@ -361,7 +361,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             /* suffixes: a = attention after the wait on the full-SM kernel, q = 4-bit and 8-bit rows through the rings */
             g4_cuda_set_staged_opts(s->cuda, strchr(q, 'a') ? 0 : opt_a, strchr(q, 'q') ? 1 : opt_q);
             /* p / P: one-token quantised tiles without / with their loads a group ahead */
-            const int pipe = g4_cuda_set_pipe(s->cuda, strchr(q, 'p') ? 0 : strchr(q, 'P') ? 1 : strchr(q, 'e') ? 2 : strchr(q, 'v') ? 3 : -1);
+            const int pipe = g4_cuda_set_pipe(s->cuda, strchr(q, 'p') ? 0 : strchr(q, 'P') ? 1 : strchr(q, 'e') ? 2 : -1);
             printf("  staged=%s:", q);
             for (int ci = 0; ci < n_ctxs && ci < 2; ci++) {
                 const int ctx = ctxs[ci];
@@ -418,7 +418,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             while (*o >= '0' && *o <= '9') o++;
             const size_t ol = (size_t)(c1 ? c1 - o : (long)strlen(o));
             g4_cuda_set_staged_opts(s->cuda, memchr(o, 'a', ol) ? 0 : opt_a, memchr(o, 'q', ol) ? 1 : opt_q);
-            const int pipe = g4_cuda_set_pipe(s->cuda, memchr(o, 'p', ol) ? 0 : memchr(o, 'P', ol) ? 1 : memchr(o, 'e', ol) ? 2 : memchr(o, 'v', ol) ? 3 : -1);
+            const int pipe = g4_cuda_set_pipe(s->cuda, memchr(o, 'p', ol) ? 0 : memchr(o, 'P', ol) ? 1 : memchr(o, 'e', ol) ? 2 : -1);
             printf("  staged=%.*s:\n", (int)(c1 ? c1 - q : (long)strlen(q)), q);
             strace_table(s, prompt, M, detail);
             g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);

@@ -107,9 +107,10 @@ int g4_cuda_set_staged(g4_cuda *c, int mode);
  * G4_CUDA_RING_Q). A negative value keeps the setting; the cached graphs are rebuilt on change. */
 void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q);
 /* One-token tiles of 4- and 8-bit rows with their loads a group ahead (forward.cuh mm_tile_pipe;
- * from G4_CUDA_PIPE=0..3 at creation, default 2): 1 on, 2 on with the staged decode's first group
- * issued before the wait for the stage before (mm_stage_early), 3 that also for verify blocks of
- * 2..4 tokens, 0 off, negative keeps it; returns the setting before. All compute the same bits. */
+ * from G4_CUDA_PIPE=0/1/2 at creation, default 2): 1 on, 2 on with the staged decode's first group
+ * issued before the wait for the stage before (mm_stage_early; verify blocks of 2..4 tokens too,
+ * mm_stage_early_v), 0 off, negative keeps it; returns the setting before. All compute the same
+ * bits. */
 int g4_cuda_set_pipe(g4_cuda *c, int on);
 /* the settings now in effect */
 void g4_cuda_get_staged_opts(const g4_cuda *c, int *attn_early, int *ring_q);

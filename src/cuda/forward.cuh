@@ -750,8 +750,10 @@ DEV double red_get(int m, const double *red) {
  * operand read from shared memory (few live registers: this is inlined into a kernel at its
  * register limit). Per element and per row the arithmetic and the reduction order are load_input's
  * (thread tid owns the float4s tid + k·G4C_THREADS of every row), so the tile is bitwise the one
- * the row-at-a-time path builds. Each pass is a loop over the rows, not unrolled: a stage kernel
- * runs this code once per launch, so its length is instruction fetches on the critical path. Each
+ * the row-at-a-time path builds. In kernels with 4- or 8-bit rows each pass is a loop over the
+ * rows, not unrolled (RU): a stage kernel runs this code once per launch, so its length is
+ * instruction fetches on the critical path (E2B qat-int4 verify k = 3 7.26 -> 7.17 ms on an H100);
+ * dense-only kernels keep them unrolled (not re-measured). Each
  * row's inverse norm is computed once, by thread m, into shared memory (fs) - not as mt sequential
  * chains of the warp sums' addition and a double division and square root in every thread. The caller checks the fit
  * (load_rows_floats). red: two [WARPS][G4C_MT] double scratch arrays, then fs: 2·G4C_MT floats.
@@ -785,9 +787,11 @@ DEVN bool load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
     __syncthreads();
     if (!norm) return false; /* plain rows: the caller converts them in place (qi_tile) */
     constexpr int N4 = G4C_IN_NPT / 4;
+    /* rows as loops where the kernel has 4- or 8-bit rows (measured there), else unrolled */
+    constexpr int RU = (QM & ((1u << G4C_Q4) | (1u << G4C_Q8))) != 0 ? 1 : G4C_MT;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (has_t) { /* residual: v += rms_w(t_w)(t) */
-#pragma unroll 1
+#pragma unroll RU
         for (int m = 0; m < G4C_MT; m++) {
             if (m >= mt) break;
             double ss = 0;
@@ -802,7 +806,7 @@ DEVN bool load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
         if (tid < mt) fs[tid] = rms_inv(red_get(tid, red1), K, p.eps);
         __syncthreads();
     }
-#pragma unroll 1
+#pragma unroll RU
     for (int m = 0; m < G4C_MT; m++) {
         if (m >= mt) break;
         const float inv = has_t ? fs[m] : 0.0f;
@@ -850,7 +854,7 @@ DEVN bool load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm
                 if (qt == G4C_Q8) qi_tile<G4C_Q8>(sm, ldk, K, mt, xf);
             return true;
         }
-#pragma unroll 1
+#pragma unroll RU
         for (int m = 0; m < G4C_MT; m++) {
             if (m >= mt) break;
             const float iv = fs[G4C_MT + m];
@@ -1241,7 +1245,7 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
 struct pipe_none {
     __device__ __forceinline__ void operator()() const {}
 };
-template <int T, int MTT, int U, class PRE = pipe_none>
+template <int T, int MTT, int U, bool EARLY = false, class PRE = pipe_none>
 DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk,
                        PRE pre = PRE()) {
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -1277,7 +1281,13 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         flags(pi, sgn, bias);
         dot_load<T, U, Q>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
     }
-    pre(); /* mm_stage_early: with the first group in flight, the wait for the stage before and the tile */
+    if constexpr (EARLY) { /* mm_stage_early: the first group is in flight; now the stage before, then the tile */
+        static_assert(MTT == 1 && Q, "early loads: one-token quantised tiles");
+        stage_wait(p, op);
+        if (!load_input(&op->in, K, t0, 1, step, sm, tl.red, p, blk == 0, T)) qi_tile<T>(sm, ldk, K, 1);
+        if (p.strace) st_mark(p, op, 2, global_ns());
+    }
+    pre(); /* mm_stage_early_v: with the first group in flight, the wait for the stage before and the tile */
 #pragma unroll 1
     while (it < total) {
         int nit = it, ngi = g + 1, nr0 = r0, nhas1 = has1, npi = pi;
@@ -1366,7 +1376,10 @@ template <unsigned TM> DEV void qi_tile_t(int type, float *sm, int ldk, int K, i
 }
 
 /* a matmul stage's input tile of mt rows from token t0 (in integer form for qt, the stage's 4- or
- * 8-bit type; 0: floats); writer: block 0, which also stores what the rest of the program reads */
+ * 8-bit type; 0: floats); writer: block 0, which also stores what the rest of the program reads.
+ * op_matmul keeps its own copy of this loop: calling this from it changed the one-token stage
+ * kernels' code, and that build measured 6-9% slower one-token decode on an H100 (E2B qat-int4
+ * 413.3 -> 390.5 tok/s, E4B 282.0 -> 256.9, same machine) */
 template <unsigned TM>
 DEV void mm_input(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, bool writer, int qt) {
     const tail_t tl = tail_of(sm, p);
@@ -2595,7 +2608,17 @@ DEVT void op_matmul(const g4c_op *op, const g4c_params &p, int step, float *sm, 
     for (int t0 = m_begin + ti0 * mt_cap; t0 < M; t0 += tstep * mt_cap) {
         const int mt = min(mt_cap, M - t0);
         const long long ci = p.trace ? clock64() : 0;
-        mm_input<TM>(op, p, step, sm, t0, mt, blk == 0, qt);
+        for (int m0 = 0; m0 < mt; m0 += G4C_MT) { /* load_rows' reductions hold G4C_MT rows */
+            const int sub = min(G4C_MT, mt - m0);
+            float *base = sm + (size_t)m0 * ldk;
+            if ((TM & G4C_KM_M1) == 0 && sub > 1 && op->in.kind != G4C_IN_CONCAT &&
+                (size_t)m0 * ldk + load_rows_floats(op->in, K, sub) <= (size_t)p.smem_in_floats) {
+                if (!load_rows<TM>(op->in, K, t0 + m0, sub, step, base, (double *)tl.tp, p, blk == 0, qt) && qt)
+                    qi_tile_t<TM>(qt, base, ldk, K, sub);
+            } else if (!load_input(&op->in, K, t0 + m0, sub, step, base, tl.red, p, blk == 0, qt) && qt) {
+                qi_tile_t<TM>(qt, base, ldk, K, sub);
+            }
+        }
         if (iq && sh.total) iq_digits(sm, ldk, K, mt, iqs);
         if (p.trace && threadIdx.x == 0) tl.flag[2] += (int)(clock64() - ci);
         if (p.strace && t0 == m_begin + ti0 * mt_cap) st_mark(p, op, 2, global_ns());
@@ -3728,14 +3751,29 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
-/* A stage of 4- or 8-bit rows, one token (or, with p.mm_pipe == 3, a verify block of up to 4), with
- * its first load group in flight before the wait (p.mm_pipe >= 2; stage_run, kernel 2): weights
- * depend on no stage, so each warp's first chunks of its first item travel while the stage before
- * finishes and the input tile is built and quantised (qi_block), instead of after. Otherwise it is
- * op_matmul's tile through mm_tile_pipe: the same input, operations and order, so the same bits. */
-template <unsigned TM, int T, int MTT>
+/* A one-token stage of 4- or 8-bit rows with its first load group in flight before the wait
+ * (p.mm_pipe == 2, which also gives verify blocks mm_stage_early_v; stage_run, kernel 2): weights depend on no stage, so each warp's first chunks of
+ * its first item travel while the stage before finishes, its input tile is built and quantised
+ * (qi_block), instead of after. Otherwise it is op_matmul's one-token tile through mm_tile_pipe:
+ * the same input, operations and order, so the same bits. */
+template <unsigned TM, int T>
 DEVT void mm_stage_early(const g4c_op *op, const g4c_params &p, float *sm) {
     constexpr int U8 = (TM & G4C_KM_LEAN) ? 2 : (TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 4 : 8; /* mm_tile_t's */
+    const tail_t tl = tail_of(sm, p);
+    const mm_shape sh = mm_shape_of(op, p);
+    const int amax = mm_amax(op, sh), m_begin = op->lm ? p.lm_from : 0;
+    mm_tile_pipe<T, 1, dot_u<T, 1, U8>::U / 2, true>(op, p, 0, sm, m_begin, 1, amax, blockIdx.x, gridDim.x);
+    if (op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, threadIdx.x >> 5);
+    __syncthreads();
+    if (amax) finish_argmax(p, m_begin, p.M, amax, 0, 0, tl.flag);
+}
+
+/* mm_stage_early for a verify block of 2..4 tokens (p.mm_pipe == 2; kernel 2 of the blocks'
+ * instantiations): op_matmul's one tile of mt rows (mm_input: load_rows and the integer form)
+ * built after the wait with the first group in flight, then mm_tile_pipe at four tokens, whose
+ * operations and order are dot2's: the same bits. */
+template <unsigned TM, int T>
+DEVT void mm_stage_early_v(const g4c_op *op, const g4c_params &p, float *sm) {
     const tail_t tl = tail_of(sm, p);
     const mm_shape sh = mm_shape_of(op, p);
     const int amax = mm_amax(op, sh), m_begin = op->lm ? p.lm_from : 0, mt = p.M - m_begin;
@@ -3744,7 +3782,7 @@ DEVT void mm_stage_early(const g4c_op *op, const g4c_params &p, float *sm) {
         mm_input<TM>(op, p, 0, sm, m_begin, mt, blockIdx.x == 0, T);
         if (p.strace) st_mark(p, op, 2, global_ns());
     };
-    mm_tile_pipe<T, MTT, dot_u<T, MTT, U8>::U / 2>(op, p, 0, sm, m_begin, mt, amax, blockIdx.x, gridDim.x, pre);
+    mm_tile_pipe<T, 4, dot_u<T, 4, 4>::U / 2, false>(op, p, 0, sm, m_begin, mt, amax, blockIdx.x, gridDim.x, pre);
     if (op->pf_next >= 0) mm_prefetch_first(p.ops + op->pf_next, p, threadIdx.x >> 5);
     __syncthreads();
     if (amax) finish_argmax(p, m_begin, p.M, amax, 0, 0, tl.flag);
@@ -3780,21 +3818,35 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
         stage_wait(p, op);
         return;
     }
-    if constexpr (MM == 2) { /* 4- or 8-bit rows: loads before the wait (one token; verify blocks with p.mm_pipe 3) */
-        constexpr int MTT = (TM & G4C_KM_M1) != 0 ? 1 : 4;
-        const int mt = p.M - (op->lm ? p.lm_from : 0);
-        if (p.mm_pipe >= (MTT == 1 ? 2 : 3) && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) &&
-            (MTT == 1 ? mt == 1 : mt >= 2 && mt <= MTT && mt * G4C_TILE_LD(op->part[0].w.cols) <= p.smem_in_floats) &&
-            mm_shape_of(op, p).total > 0) { /* op_matmul's one tile of mt_cap rows, mm_tile_t's instance */
+    if constexpr (MM == 2 && (TM & G4C_KM_M1) != 0) { /* one token, 4- or 8-bit rows: loads before the wait */
+        if (p.mm_pipe == 2 && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && (op->lm ? p.lm_from : 0) < p.M &&
+            mm_shape_of(op, p).total > 0) {
             const int wt = op->part[0].w.type;
             if constexpr ((TM & (1u << G4C_Q4)) != 0)
                 if (wt == G4C_Q4) {
-                    mm_stage_early<TM, G4C_Q4, MTT>(op, p, sm);
+                    mm_stage_early<TM, G4C_Q4>(op, p, sm);
                     return;
                 }
             if constexpr ((TM & (1u << G4C_Q8)) != 0)
                 if (wt == G4C_Q8) {
-                    mm_stage_early<TM, G4C_Q8, MTT>(op, p, sm);
+                    mm_stage_early<TM, G4C_Q8>(op, p, sm);
+                    return;
+                }
+        }
+    }
+    if constexpr (MM == 2 && (TM & G4C_KM_M1) == 0) { /* verify blocks of 2..4 tokens likewise */
+        const int mt = p.M - (op->lm ? p.lm_from : 0);
+        if (p.mm_pipe == 2 && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && mt >= 2 && mt <= 4 &&
+            mt * G4C_TILE_LD(op->part[0].w.cols) <= p.smem_in_floats && mm_shape_of(op, p).total > 0) {
+            const int wt = op->part[0].w.type; /* op_matmul's one tile, mm_tile_t's four-token instance */
+            if constexpr ((TM & (1u << G4C_Q4)) != 0)
+                if (wt == G4C_Q4) {
+                    mm_stage_early_v<TM, G4C_Q4>(op, p, sm);
+                    return;
+                }
+            if constexpr ((TM & (1u << G4C_Q8)) != 0)
+                if (wt == G4C_Q8) {
+                    mm_stage_early_v<TM, G4C_Q8>(op, p, sm);
                     return;
                 }
         }

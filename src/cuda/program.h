@@ -316,7 +316,8 @@ typedef struct g4c_params {
     int mm_pipe;          /* 1: matmul tiles of up to 4 tokens load each group of chunks before the group
                              before it is computed (forward.cuh mm_tile_pipe; G4_CUDA_PIPE=0: off); 2:
                              also, in the staged decode's one-token stages, the first group before the
-                             wait for the stage before (mm_stage_early); 3: verify blocks of 2..4 too */
+                             wait for the stage before (mm_stage_early; verify blocks of 2..4 tokens:
+                             mm_stage_early_v) */
     int attn_pre;         /* the staged decode: an attention stage copies its first item's K/V rows of
                              earlier positions before it waits for the previous stage (forward.cuh op_attn) */
 } g4c_params;

@@ -1183,10 +1183,10 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * (mm_stage_early): G4_CUDA_PIPE=2, the default. Measured on an H100 (same upload, default
          * of session 30 -> 2): E2B qat-int4 340.3 -> 415.2 tok/s, qat-int8 261.0 -> 346.5, mlx-4
          * 234.4 -> 275.9, mixed 2/4/8-bit 322.1 -> 367.8; E4B qat-int4 248.2 -> 283.9 (1, pipelined
-         * without the early group: 220.5). 1: pipelined only; 0: off (dot2); 3: also verify
-         * blocks of 2..4 tokens */
+         * without the early group: 220.5); verify blocks of 2..4 tokens likewise (E2B qat-int4
+         * k = 3: 7.17 -> 6.03 ms, E4B 10.31 -> 8.54). 1: pipelined only; 0: off (dot2) */
         const char *pe = getenv("G4_CUDA_PIPE");
-        c->mm_pipe = pe && *pe ? (atoi(pe) >= 1 && atoi(pe) <= 3 ? atoi(pe) : 0) : 2;
+        c->mm_pipe = pe && *pe ? (atoi(pe) == 1 || atoi(pe) == 2 ? atoi(pe) : 0) : 2;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
@@ -2048,7 +2048,7 @@ extern "C" void g4_cuda_set_staged_opts(g4_cuda *c, int attn_early, int ring_q) 
 
 extern "C" int g4_cuda_set_pipe(g4_cuda *c, int on) {
     const int was = c->mm_pipe;
-    if (on >= 0) c->mm_pipe = on > 3 ? 3 : on;
+    if (on >= 0) c->mm_pipe = on > 2 ? 2 : on;
     return was;
 }
 
