@@ -3818,7 +3818,8 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
         stage_wait(p, op);
         return;
     }
-    if constexpr (MM == 2 && (TM & G4C_KM_M1) != 0) { /* one token, 4- or 8-bit rows: loads before the wait */
+    constexpr bool QR = (TM & ((1u << G4C_Q4) | (1u << G4C_Q8))) != 0; /* the instantiation has 4- or 8-bit rows */
+    if constexpr (MM == 2 && QR && (TM & G4C_KM_M1) != 0) { /* one token, 4- or 8-bit rows: loads before the wait */
         if (p.mm_pipe == 2 && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && (op->lm ? p.lm_from : 0) < p.M &&
             mm_shape_of(op, p).total > 0) {
             const int wt = op->part[0].w.type;
@@ -3834,7 +3835,7 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
                 }
         }
     }
-    if constexpr (MM == 2 && (TM & G4C_KM_M1) == 0) { /* verify blocks of 2..4 tokens likewise */
+    if constexpr (MM == 2 && QR && (TM & G4C_KM_M1) == 0) { /* verify blocks of 2..4 tokens likewise */
         const int mt = p.M - (op->lm ? p.lm_from : 0);
         if (p.mm_pipe == 2 && !p.trace && op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && mt >= 2 && mt <= 4 &&
             mt * G4C_TILE_LD(op->part[0].w.cols) <= p.smem_in_floats && mm_shape_of(op, p).total > 0) {
