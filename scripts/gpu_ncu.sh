@@ -5,7 +5,9 @@
 # e.g. the one-token 4-bit stage kernel (mangled g4c_stage_kernel<279, 2>) on E2B qat-int4, from
 # the first stage of the third decoded token: gpu_ncu.sh NAME qat-int4 _Z16g4c_stage_kernelILj279ELi2E 422 7
 # Per launch: duration, DRAM bytes, warp instructions, issue activity, local-memory traffic and the
-# average stall cycles per issued instruction by reason (CSV, one metric per line).
+# average stall cycles per issued instruction by reason (CSV, one metric per line). With
+# NCU_SOURCE=FILE, also the first of those launches' source counters (per SASS instruction: the
+# instruction, executions and warp stall samples by reason) as CSV into FILE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?prebuilt name}; st=${2:?storage}; rx=${3:?kernel regex (mangled)}; skip=${4:?launches to skip}; n=${5:?launches}
@@ -22,3 +24,11 @@ m=$m,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_loc
 ncu --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count "$n" --metrics "$m" --csv \
   --print-units base .gpu/$name/bench/gpu_bench --arch "$arch" --storage "$st" --ctx 128 --tokens 8 --no-breakdown 2>/dev/null |
   grep '^"'
+if [ -n "${NCU_SOURCE:-}" ]; then
+  rep=$(mktemp -d)/src
+  ncu --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count 1 --section SourceCounters \
+    --section WarpStateStats -o "$rep" .gpu/$name/bench/gpu_bench --arch "$arch" --storage "$st" --ctx 128 --tokens 8 \
+    --no-breakdown >/dev/null 2>&1
+  ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$NCU_SOURCE" 2>&1
+  ncu --import "$rep.ncu-rep" --page details --csv 2>&1 | grep -i "warp state\|stall" | head -40
+fi

@@ -19,13 +19,14 @@
 #      (default 3) under those G4_CUDA_STAGE_PF values (L2 requests per row team before the wait);
 #   3. STAGED_TRACE="ARCH:STORAGE:M ...": the persistent kernel's per-stage trace of an M-token step;
 #   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL]];
-#      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails.
-#   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE[:CTX[:BENCHMODES]] ...]   (output: $OUT/staged.txt or ./staged.txt)
+#      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails
+#      (the last STAGED_STRACE_LINES lines of each, default 80: DETAIL prints a line per stage).
+#   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE[:CTX[:BENCHMODES]] ...]   (output: $STAGED_OUT, else $OUT/staged.txt or ./staged.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?prebuilt name (.gpu/NAME.tar.xz)}
 shift
-out=${OUT:-.}/staged.txt
+out=${STAGED_OUT:-${OUT:-.}/staged.txt}
 [ -d .gpu/$name ] || tar xf .gpu/$name.tar.xz
 if [ ! -d .gpu/fixtures ]; then
   if [ -f .gpu/data.tar.xz ]; then tar xf .gpu/data.tar.xz
@@ -79,7 +80,7 @@ modes=${STAGED_MODES:-4 2 0}
     IFS=: read -r a st lst <<<"$t"
     echo "== staged trace $a $st $lst"
     timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx 128 --tokens 16 --no-breakdown \
-      --strace "$(echo "${lst:-4}" | tr '/;' ':,')" 2>&1 | grep -v "^ *k=" | tail -n 80 || fails=$((fails + 1))
+      --strace "$(echo "${lst:-4}" | tr '/;' ':,')" 2>&1 | grep -v "^ *k=" | tail -n "${STAGED_STRACE_LINES:-80}" || fails=$((fails + 1))
   done
   echo "== failures: $fails"
 } 2>&1 | tee "$out"
