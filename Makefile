@@ -107,5 +107,9 @@ sanitize:
 clean:
 	rm -rf build build-san
 
-.PHONY: all test test-fast sanitize clean
+# the CUDA compiler's flags (empty without nvcc): scripts/cuda_codegen.sh compiles with exactly these
+print-nvflags:
+	@echo $(NVFLAGS)
+
+.PHONY: all test test-fast sanitize clean print-nvflags
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(CU_OBJ:.o=.d)
