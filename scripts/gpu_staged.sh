@@ -7,7 +7,7 @@
 #   1. exactness: tests/gpu/gpu_exact on the five fixtures (600 tokens) in each mode (STAGED_MODES,
 #      default "4 2 0"): every check must pass in every mode (blocks of 1-7 tokens run staged,
 #      longer prompts the persistent kernel); with STAGED_QUANT=1 (needs data.tar.xz) also the
-#      quantised fixtures against their dequantised f32 references (scripts/gpu_prep.sh refs), by
+#      quantised fixtures against their dequantised f32 references (scripts/gpu_prep.sh refs),
 #      under each setting of STAGED_QUANT_ENVS (default "G4_CUDA_RING_Q=0 G4_CUDA_RING_Q=1");
 #   2. speed: bench/gpu_bench decode at ctx 128 and 4096 per model, then per mode on the same
 #      upload (--staged STAGED_BENCH, default the modes above; 0: the persistent kernel, 1: staged

@@ -1186,7 +1186,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * without the early group: 220.5); verify blocks of 2..4 tokens likewise (E2B qat-int4
          * k = 3: 7.17 -> 6.03 ms, E4B 10.31 -> 8.54). 1: pipelined only; 0: off (dot2) */
         const char *pe = getenv("G4_CUDA_PIPE");
-        c->mm_pipe = pe && *pe ? (atoi(pe) == 1 || atoi(pe) == 2 ? atoi(pe) : 0) : 2;
+        const int pv = pe && *pe ? atoi(pe) : 2;
+        c->mm_pipe = pv == 1 || pv == 2 ? pv : 0;
         const char *pa = getenv("G4_CUDA_PATTN");
         c->pa_kb = pa && (atoi(pa) == 0 || atoi(pa) == 32 || atoi(pa) == 64) ? atoi(pa) : 1;
     }
