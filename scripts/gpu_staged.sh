@@ -21,6 +21,10 @@
 #   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL]];
 #      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails
 #      (the last STAGED_STRACE_LINES lines of each, default 80: DETAIL prints a line per stage).
+#   5. STAGED_TUNE="LIST" (gpu_bench --tune: pf,self,split[,smem_kb[,teams]];...): decode at ctx 128
+#      of every model above under each setting, on the same upload.
+# STAGED_EXACT_ENVS="VAR=V ..." runs gpu_exact on the five fixtures once more per setting (mode 4
+# or the first of STAGED_MODES), and the quantised suite too with STAGED_QUANT=1.
 #   bash scripts/gpu_staged.sh NAME [ARCH:STORAGE[:CTX[:BENCHMODES]] ...]   (output: $STAGED_OUT, else $OUT/staged.txt or ./staged.txt)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,12 +48,19 @@ modes=${STAGED_MODES:-4 2 0}
       fails=$((fails + 1))
     grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact_$m.txt | cut -c1-220
   done
+  for xe in ${STAGED_EXACT_ENVS:-}; do
+    m=${modes%% *}
+    echo "== gpu_exact, G4_CUDA_STAGED=$m $xe"
+    env G4_CUDA_STAGED=$m "$xe" timeout 400 $B/tests/gpu/gpu_exact --tokens "${STAGED_EXACT_TOKENS:-600}" .gpu/fixtures/gemma4/*/ \
+      >/tmp/exact_x.txt 2>&1 || fails=$((fails + 1))
+    grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact_x.txt | cut -c1-220
+  done
   if [ "${STAGED_QUANT:-0}" = 1 ] && [ -d .gpu/qfix ]; then
     [ -d .gpu/qref ] || bash scripts/gpu_prep.sh refs $B/g4
     pairs=()
     for d in .gpu/qfix/*/; do d=${d%/}; pairs+=("$d=.gpu/qref/$(basename "$d")"); done
     qi=0
-    for qe in ${STAGED_QUANT_ENVS:-G4_CUDA_RING_Q=0 G4_CUDA_RING_Q=1}; do
+    for qe in ${STAGED_QUANT_ENVS:-G4_CUDA_RING_Q=0 G4_CUDA_RING_Q=1} ${STAGED_EXACT_ENVS:-}; do
       qi=$((qi + 1))
       echo "== quantised fixtures vs dequantised f32, $qe"
       env "$qe" timeout 400 $B/tests/gpu/gpu_exact --tokens 64 "${pairs[@]}" >/tmp/quant_$qi.txt 2>&1 || fails=$((fails + 1))
@@ -65,6 +76,14 @@ modes=${STAGED_MODES:-4 2 0}
     timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx "${ctx:-128,4096}" --tokens "${STAGED_TOKENS:-128}" \
       --no-breakdown --staged "${bm:-${STAGED_BENCH:-$(echo $modes | tr ' ' ,)}}" 2>&1 | grep -v "^ *k=" || fails=$((fails + 1))
   done
+  if [ -n "${STAGED_TUNE:-}" ]; then
+    for r in "${runs[@]}"; do
+      IFS=: read -r a st _ <<<"$r"
+      echo "== tune $a $st: $STAGED_TUNE"
+      timeout 300 $B/bench/gpu_bench --arch "$a" --storage "$st" --ctx 128 --tokens "${STAGED_TOKENS:-128}" --no-breakdown \
+        --tune "$STAGED_TUNE" 2>&1 | grep -E "device:|tune|error" || fails=$((fails + 1))
+    done
+  fi
   for pf in ${STAGED_PF:-}; do # the L2 requests before the wait (G4_CUDA_STAGE_PF), E4B bf16 at ctx 128
     echo "== e4b bf16 staged=${STAGED_PF_MODE:-3} stage_pf=$pf"
     G4_CUDA_STAGED=${STAGED_PF_MODE:-3} G4_CUDA_STAGE_PF=$pf timeout 300 $B/bench/gpu_bench --arch e4b --storage bf16 --ctx 128 \
