@@ -9,7 +9,7 @@
  *   trace        (--trace LIST) one step with per-stage timestamps under modes (g4_cuda_set_mode) and
  *                skip masks: where the time of each kind of stage goes
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
- *                  [--ctx 128,4096] [--tune pf,self,split[,smem_kb[,teams]];...] [--trace ev,local,skip,detail[,rep];...]
+ *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
  *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
  *                  [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]
  *   staged       (--staged 2,4,0) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
@@ -432,22 +432,21 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         snprintf(tl, sizeof tl, "%s", bo->tune);
         char *save = NULL;
         for (char *q = strtok_r(tl, ";", &save); q; q = strtok_r(NULL, ";", &save)) {
-            int a = 1, b = 1, sc = 8, kb = 0, teams = 0;
-            if (sscanf(q, "%d,%d,%d,%d,%d", &a, &b, &sc, &kb, &teams) < 3) continue;
+            int a = 1, b = 1, sc = 8, kb = 0;
+            if (sscanf(q, "%d,%d,%d,%d", &a, &b, &sc, &kb) < 3) continue;
             double secs = 0;
             g4_session_reset(s);
-            if (g4_cuda_set_tune(s->cuda, a, b, sc, kb, teams, &err) || g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
+            if (g4_cuda_set_tune(s->cuda, a, b, sc, kb, &err) || g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
                 g4_cuda_decode_chain(s->cuda, 128, prompt[128], 8, out, &secs, &err) ||
                 g4_cuda_decode_chain(s->cuda, 128, prompt[128], n_tok, out, &secs, &err)) {
                 fprintf(stderr, "tune %s: %s\n", q, err.message);
                 break;
             }
             double tps = n_tok / secs, bytes = stream + kv_bytes(m, 128 + n_tok / 2);
-            printf("  tune pf_items=%d pf_self=%d split_chunks=%-2d smem_kb=%-3d split_teams=%-4d ctx 128: %8.1f tok/s %8.0f GB/s %5.1f%%\n", a, b,
-                   sc, kb, teams, tps,
+            printf("  tune pf_items=%d pf_self=%d split_chunks=%-2d smem_kb=%-3d ctx 128: %8.1f tok/s %8.0f GB/s %5.1f%%\n", a, b, sc, kb, tps,
                    bytes * tps / 1e9, 100.0 * bytes * tps / bw);
         }
-        g4_cuda_set_tune(s->cuda, 0, 0, 0, 0, -1, &err); /* the defaults */
+        g4_cuda_set_tune(s->cuda, 0, 0, 0, 0, &err); /* the defaults */
     }
     /* per-stage traces: "ev,local,skip[,detail];..." */
     if (bo->trace && *bo->trace) {
@@ -585,7 +584,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split[,smem_kb[,teams]];...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]\n");
             return 2;
         }
     }

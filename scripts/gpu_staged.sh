@@ -21,7 +21,7 @@
 #   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL]];
 #      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails
 #      (the last STAGED_STRACE_LINES lines of each, default 80: DETAIL prints a line per stage).
-#   5. STAGED_TUNE="LIST" (gpu_bench --tune: pf,self,split[,smem_kb[,teams]];...): decode at ctx 128
+#   5. STAGED_TUNE="LIST" (gpu_bench --tune: pf,self,split[,smem_kb];...): decode at ctx 128
 #      of every model above under each setting, on the same upload.
 # STAGED_EXACT_ENVS="VAR=V ..." runs gpu_exact on the five fixtures once more per setting (mode 4
 # or the first of STAGED_MODES), and the quantised suite too with STAGED_QUANT=1.

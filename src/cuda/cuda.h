@@ -125,11 +125,9 @@ void g4_cuda_set_rep(g4_cuda *c, int rep);
  * (default 0: none), prefetch of each team's next item within a stage (default 0: off), the most
  * 16-byte chunks a lane streams per row before rows are split over more warps (0: the defaults,
  * 32 for dense rows and 8 for quantised ones; this one changes the reduction order, so compare
- * logits only within one setting), the shared memory per block in KB (0: keep; less leaves
- * more L1 but tiles fewer tokens), and split_balanced's team count (session.cu; 0: off, < 0: the
- * session's G4_CUDA_SPLIT_TEAMS; it changes the reduction order too). */
-g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb, int split_teams,
-                           g4_error *err);
+ * logits only within one setting), and the shared memory per block in KB (0: keep; less leaves
+ * more L1 but tiles fewer tokens). */
+g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb, g4_error *err);
 /* The prefill GEMM on its own (src/cuda/pgemm.cu; a building block of the prefill path, checked and
  * timed by tests/gpu/gpu_gemm): y[m][r] = sum_k w[r][k] · (h + mid + l)[m][k] for m < M, r < N, where
  * terms holds the three bf16 planes [3][M][K] of the inputs (x = h + mid + l, each bf16 of the

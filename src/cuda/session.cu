@@ -97,7 +97,7 @@ typedef struct pg_entry {
 struct g4_cuda {
     const g4_model *m;
     int dev, grid, smem_in, n_ctx, max_batch, max_chunks, skip, max_row, rep;
-    int pf_items, pf_self, split_chunks, split_teams, split_teams_env; /* tuning (g4_cuda_set_tune; split_teams: split_balanced) */
+    int pf_items, pf_self, split_chunks; /* tuning (g4_cuda_set_tune) */
     int evict_first, op_local;           /* g4_cuda_set_mode */
     int mma_bf16;                        /* bf16 matmuls on the tensor cores (G4_CUDA_MMA at creation) */
     int imma;                            /* 4-bit stages on the integer tensor cores (G4_CUDA_IMMA) */
@@ -836,43 +836,6 @@ static int split_of(const g4c_op &o, int split_chunks) {
     return S;
 }
 
-/* split_of with the stage's rounds balanced (G4_CUDA_SPLIT_TEAMS=T, gpu_bench --tune's fifth field;
- * 0: off). Items (row pairs, gate/up row pairs) are dealt round-robin to teams, so a stage of 1,280
- * items on 1,056 one-warp teams runs two rounds on a fifth of them and one on the rest. Here S may
- * rise from split_of's value to the power of two (at most G4C_WARPS) that minimises
- * rounds × chunks per lane per row, ceil(items·S / T) · ceil(chunks / (32·S)), a larger S taken only
- * where it saves more than an eighth. T is a constant of the rule, not the grid (1,056: 132 SMs of
- * eight warps), so S stays a function of the stage's shape and every M keeps the same bits. */
-static int split_balanced(const g4c_op &o, int split_chunks, int teams) {
-    const int S0 = split_of(o, split_chunks);
-    if (teams < G4C_WARPS) return S0;
-    long long items = 0;
-    int nch = 0;
-    for (int i = 0; i < o.nparts; i++) {
-        const g4c_mat &w = o.part[i].w;
-        if (!w.data) continue;
-        const int n = w.cols / G4C_CHUNK_ELEMS(w.type);
-        nch = n > nch ? n : nch;
-        if (o.epi == G4C_EPI_GELU_PAIR) {
-            if (i == 0) items = w.rows;
-        } else {
-            items += (w.rows + 1) / 2;
-        }
-    }
-    if (!items || !nch) return S0;
-    int best = S0;
-    long long best_cost = -1;
-    for (int s = S0; s <= G4C_WARPS; s *= 2) {
-        const long long nteams = teams / s, rounds = (items + nteams - 1) / nteams, per = (nch + 32 * s - 1) / (32 * s);
-        const long long cost = rounds * per;
-        if (best_cost < 0 || 8 * cost < 7 * best_cost) {
-            best = s;
-            best_cost = cost;
-        }
-    }
-    return best;
-}
-
 /* K segments per 16-row tile of a stage that may run on the tensor cores (mm_tile_mma): the most
  * that keep >= 8 k-steps of 32 columns per segment, divide K evenly and make at most
  * G4C_MMA_MAXITEMS items (1 for stages with that many row tiles already, such as the LM head); 0
@@ -943,9 +906,7 @@ static void finish_ops(const g4_cuda *c, std::vector<g4c_op> &ops) {
     int next = -1;
     for (int i = (int)ops.size() - 1; i >= 0; i--) {
         g4c_op &o = ops[(size_t)i];
-        o.split = o.kind != G4C_OP_MATMUL ? 1
-                  : c->split_teams > 0 ? split_balanced(o, c->split_chunks, c->split_teams)
-                                       : split_of(o, c->split_chunks);
+        o.split = o.kind == G4C_OP_MATMUL ? split_of(o, c->split_chunks) : 1;
         o.mma_ks = mma_segments(o);
         o.fp_ks = fp_segments(o);
         o.pf_next = next;
@@ -1186,12 +1147,6 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->pf_items = 0;
     c->pf_self = 0;
     c->split_chunks = 0; /* split_of's defaults */
-    {
-        const char *st = getenv("G4_CUDA_SPLIT_TEAMS"); /* split_balanced's team count (0 or unset: off) */
-        c->split_teams = st ? atoi(st) : 0;
-        if (c->split_teams < 0) c->split_teams = 0;
-        c->split_teams_env = c->split_teams;
-    }
     c->evict_first = 1;
     c->op_local = 1;
     {
@@ -2183,7 +2138,7 @@ extern "C" g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *to
 }
 
 extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int split_chunks, int smem_kb,
-                                      int split_teams, g4_error *err) {
+                                      g4_error *err) {
     CK(cudaStreamSynchronize(c->stream), "synchronising");
     if (smem_kb > 0) { /* less shared memory leaves more L1 for the stack (callee-saved registers) */
         int grid = 0, smem_in = 0;
@@ -2201,7 +2156,6 @@ extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int
     c->pf_items = pf_items < 0 ? 0 : pf_items;
     c->pf_self = !!pf_self;
     c->split_chunks = split_chunks < 0 ? 0 : split_chunks;
-    c->split_teams = split_teams >= 0 ? split_teams : c->split_teams_env; /* < 0: G4_CUDA_SPLIT_TEAMS's */
     build_target(c);
     finish_ops(c, c->ops);
     g4_status st = push_ops(c, c->ops, &c->d_ops, err);
