@@ -7,7 +7,9 @@
 # Per launch: duration, DRAM bytes, warp instructions, issue activity, local-memory traffic and the
 # average stall cycles per issued instruction by reason (CSV, one metric per line). With
 # NCU_SOURCE=FILE, also the first of those launches' source counters (per SASS instruction: the
-# instruction, executions and warp stall samples by reason) as CSV into FILE.
+# instruction, executions and warp stall samples by reason) as CSV into FILE. NCU_CACHE: ncu's
+# --cache-control (default none: caches as the chained decode leaves them; "all" flushes them before
+# every replayed launch, ncu's own default, which inflates instruction-fetch stalls: README session 33).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?prebuilt name}; st=${2:?storage}; rx=${3:?kernel regex (mangled)}; skip=${4:?launches to skip}; n=${5:?launches}
@@ -21,12 +23,14 @@ for r in no_instruction long_scoreboard barrier wait short_scoreboard math_pipe_
   m=$m,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio
 done
 m=$m,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum
-ncu --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count "$n" --metrics "$m" --csv \
+ncu --cache-control "${NCU_CACHE:-none}" --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count "$n" \
+  --metrics "$m" --csv \
   --print-units base .gpu/$name/bench/gpu_bench --arch "$arch" --storage "$st" --ctx 128 --tokens 8 --no-breakdown 2>/dev/null |
   grep '^"'
 if [ -n "${NCU_SOURCE:-}" ]; then
   rep=$(mktemp -d)/src
-  ncu --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count 1 --section SourceCounters \
+  ncu --cache-control "${NCU_CACHE:-none}" --kernel-name-base mangled -k regex:"$rx" --launch-skip "$skip" --launch-count 1 \
+    --section SourceCounters \
     --section WarpStateStats -o "$rep" .gpu/$name/bench/gpu_bench --arch "$arch" --storage "$st" --ctx 128 --tokens 8 \
     --no-breakdown >/dev/null 2>&1
   ncu --import "$rep.ncu-rep" --page source --print-source sass --csv >"$NCU_SOURCE" 2>&1
