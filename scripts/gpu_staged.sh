@@ -42,19 +42,14 @@ modes=${STAGED_MODES:-4 2 0}
 {
   nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
   fails=0
-  for m in $modes; do
-    echo "== gpu_exact, G4_CUDA_STAGED=$m"
-    G4_CUDA_STAGED=$m timeout 400 $B/tests/gpu/gpu_exact --tokens "${STAGED_EXACT_TOKENS:-600}" .gpu/fixtures/gemma4/*/ >/tmp/exact_$m.txt 2>&1 ||
+  exact() { # gpu_exact on the five fixtures under the settings given (VAR=V ...)
+    echo "== gpu_exact, $*"
+    env "$@" timeout 400 $B/tests/gpu/gpu_exact --tokens "${STAGED_EXACT_TOKENS:-600}" .gpu/fixtures/gemma4/*/ >/tmp/exact.txt 2>&1 ||
       fails=$((fails + 1))
-    grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact_$m.txt | cut -c1-220
-  done
-  for xe in ${STAGED_EXACT_ENVS:-}; do
-    m=${modes%% *}
-    echo "== gpu_exact, G4_CUDA_STAGED=$m $xe"
-    env G4_CUDA_STAGED=$m "$xe" timeout 400 $B/tests/gpu/gpu_exact --tokens "${STAGED_EXACT_TOKENS:-600}" .gpu/fixtures/gemma4/*/ \
-      >/tmp/exact_x.txt 2>&1 || fails=$((fails + 1))
-    grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact_x.txt | cut -c1-220
-  done
+    grep -E "^FAIL|decode chain|drafted|gpu_exact:" /tmp/exact.txt | cut -c1-220
+  }
+  for m in $modes; do exact G4_CUDA_STAGED=$m; done
+  for xe in ${STAGED_EXACT_ENVS:-}; do exact G4_CUDA_STAGED=${modes%% *} "$xe"; done
   if [ "${STAGED_QUANT:-0}" = 1 ] && [ -d .gpu/qfix ]; then
     [ -d .gpu/qref ] || bash scripts/gpu_prep.sh refs $B/g4
     pairs=()
