@@ -11,7 +11,7 @@
  * usage: gpu_bench [--arch e2b,e4b] [--storage bf16|mlx-4|qat-int8|...] [--tokens N] [--layers N]
  *                  [--ctx 128,4096] [--tune pf,self,split;...] [--trace ev,local,skip,detail[,rep];...]
  *                  [--mode evict_first,op_local] [--mma MASK] [--staged LIST] [--no-breakdown] [--trace-m M]
- *                  [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]
+ *                  [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL[:AMARK]]],...]
  *   staged       (--staged 2,4,0) chained decode per staged-decode mode (g4_cuda_set_staged) on the same
  *                upload, at the first two contexts, its tokens compared with the first mode's; a mode
  *                may carry option letters (g4_cuda_set_staged_opts): 4a attention after the wait on the
@@ -61,7 +61,7 @@ typedef struct {
     int evict_first, op_local; /* --mode: the kernel modes every measurement below runs under */
     int mma;                   /* --mma MASK: G4_CUDA_MMA for the session (-1: leave the environment) */
     const char *staged;        /* --staged LIST: decode at each context per staged-decode mode, tokens compared */
-    const char *strace;        /* --strace LIST: staged traces, MODE[a][q][:M[:DETAIL]] each */
+    const char *strace;        /* --strace LIST: staged traces, MODE[a][q][:M[:DETAIL[:AMARK]]] each */
 } bench_opts;
 
 static int cmp_u64(const void *a, const void *b) {
@@ -163,7 +163,7 @@ static double med_u64(unsigned long long *v, int n) {
  * kind of stage (matmuls by kernel: ring = mode 4's half-SM rings, half = mode 1/3's half-SM
  * kernel, full = one block per SM) and the whole step split into handoffs, input tiles, work and
  * tails. */
-static void strace_table(g4_session *s, const int32_t *prompt, int M, int detail) {
+static void strace_table(g4_session *s, const int32_t *prompt, int M, int detail, int amark) {
     enum { NK = 9 };
     static const char *names[NK] = {"embed", "mm-full", "mm-half", "mm-ring", "attn", "attn-half", "head", "ple", "other"};
     g4_error err = {0};
@@ -176,7 +176,7 @@ static void strace_table(g4_session *s, const int32_t *prompt, int M, int detail
     if (!st || !v || !gr || !kn || !kinds || !wb) goto done;
     g4_session_reset(s);
     if (g4_session_forward(s, prompt, 128, G4_LOGITS_NONE, NULL, &err) ||
-        g4_cuda_staged_trace(s->cuda, 128, prompt + 128, M, st, gr, kn, kinds, wb, &err)) {
+        g4_cuda_staged_trace(s->cuda, 128, prompt + 128, M, amark, st, gr, kn, kinds, wb, &err)) {
         printf("    staged trace: %s\n", err.message);
         goto done;
     }
@@ -397,7 +397,7 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         g4_cuda_set_staged(s->cuda, before);
         g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);
     }
-    /* staged traces: MODE[a][q][:M[:DETAIL]],... */
+    /* staged traces: MODE[a][q][:M[:DETAIL[:AMARK]]],... */
     if (bo->strace && *bo->strace) {
         const int before = g4_cuda_set_staged(s->cuda, -1);
         int opt_a = 1, opt_q = 0;
@@ -407,9 +407,9 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
         char *save = NULL;
         for (char *q = strtok_r(sl, ",", &save); q; q = strtok_r(NULL, ",", &save)) {
             const int mode = atoi(q);
-            int M = 1, detail = 0;
+            int M = 1, detail = 0, amark = 0;
             const char *c1 = strchr(q, ':');
-            if (c1) sscanf(c1 + 1, "%d:%d", &M, &detail);
+            if (c1) sscanf(c1 + 1, "%d:%d:%d", &M, &detail, &amark);
             if (M < 1 || M > 16 || g4_cuda_set_staged(s->cuda, mode) != mode) {
                 printf("  strace %s: not a staged mode and block\n", q);
                 continue;
@@ -419,8 +419,11 @@ static int bench_arch(const char *arch, int n_tok, int n_layers, double bw, cons
             const size_t ol = (size_t)(c1 ? c1 - o : (long)strlen(o));
             g4_cuda_set_staged_opts(s->cuda, memchr(o, 'a', ol) ? 0 : opt_a, memchr(o, 'q', ol) ? 1 : opt_q);
             const int pipe = g4_cuda_set_pipe(s->cuda, memchr(o, 'p', ol) ? 0 : memchr(o, 'P', ol) ? 1 : memchr(o, 'e', ol) ? 2 : -1);
-            printf("  staged=%.*s:\n", (int)(c1 ? c1 - q : (long)strlen(q)), q);
-            strace_table(s, prompt, M, detail);
+            if (amark)
+                printf("  staged=%.*s, attention stages' input = item chain to point %d:\n", (int)(c1 ? c1 - q : (long)strlen(q)), q, amark);
+            else
+                printf("  staged=%.*s:\n", (int)(c1 ? c1 - q : (long)strlen(q)), q);
+            strace_table(s, prompt, M, detail, amark);
             g4_cuda_set_staged_opts(s->cuda, opt_a, opt_q);
             g4_cuda_set_pipe(s->cuda, pipe);
         }
@@ -584,7 +587,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) n_layers = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: gpu_bench [--arch e2b,e4b] [--storage S] [--tokens N] [--layers N] [--ctx LIST] "
-                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL]],...]\n");
+                            "[--tune pf,self,split;...] [--trace ev,local,skip,detail;...] [--mode ev,local] [--mma MASK] [--staged 2,4,0] [--no-breakdown] [--trace-m M] [--trace-prefill] [--strace MODE[a][q][:M[:DETAIL[:AMARK]]],...]\n");
             return 2;
         }
     }

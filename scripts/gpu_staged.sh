@@ -18,7 +18,7 @@
 #      compared with the first mode's; STAGED_PF="0 2 8" adds E4B bf16 runs of mode STAGED_PF_MODE
 #      (default 3) under those G4_CUDA_STAGE_PF values (L2 requests per row team before the wait);
 #   3. STAGED_TRACE="ARCH:STORAGE:M ...": the persistent kernel's per-stage trace of an M-token step;
-#   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL]];
+#   4. STAGED_STRACE="ARCH:STORAGE:LIST ..." (LIST as gpu_bench --strace: MODE[a][q][/M[/DETAIL[/AMARK]]];
 #      ';' between entries): the staged decode's traces, handoffs, input tiles, work and tails
 #      (the last STAGED_STRACE_LINES lines of each, default 80: DETAIL prints a line per stage).
 #   5. STAGED_TUNE="LIST" (gpu_bench --tune: pf,self,split[,smem_kb];...): decode at ctx 128

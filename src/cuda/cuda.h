@@ -90,10 +90,11 @@ g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsig
  * previous stage, the end of its input tile (0 where the stage builds none) and its end, in ns of
  * the device's global timer; grid[n_ops] the stage's blocks, kern[n_ops] its staged kernel (0 full
  * SM, 1..3 the one-token matmul kernels, 4 half-SM attention), kinds[n_ops] its G4C_OP_* kind or -1
- * for the LM head, wbytes[n_ops] the weight bytes it streams (any of the last four may be NULL). A
- * session that does not run this block staged is G4_ERR_UNSUPPORTED. */
-g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps, int *grid,
-                               int *kern, int *kinds, double *wbytes, g4_error *err);
+ * for the LM head, wbytes[n_ops] the weight bytes it streams (any of the last four may be NULL).
+ * amark > 0: an attention stage's third point is instead where its item got to (g4c_params.amark).
+ * A session that does not run this block staged is G4_ERR_UNSUPPORTED. */
+g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, int amark, unsigned long long *stamps,
+                               int *grid, int *kern, int *kinds, double *wbytes, g4_error *err);
 /* The staged decode for blocks of fewer than G4C_WIDE_M tokens (decode steps, verify blocks; mode
  * from G4_CUDA_STAGED at creation, default 4): 0 the persistent kernel, 1 one launch per stage with
  * one-token matmuls two blocks per SM, 2 one launch per stage, one block per SM, 3 as 1 but one

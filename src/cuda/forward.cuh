@@ -47,7 +47,7 @@
 /* A launch configuration with programmatic dependent launch on or off (pgemm.cuh pdl_launch, the
  * staged decode's stage.cu): c.attrs points into the same struct, so fill it in place. */
 typedef struct g4c_pdl_cfg {
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     cudaLaunchConfig_t c;
 } g4c_pdl_cfg;
 static inline void g4c_pdl_config(g4c_pdl_cfg *x, int on, dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
@@ -242,6 +242,18 @@ DEV unsigned long long global_ns(void) {
 /* the staged trace (p.strace): point k of this block in stage op->idx, by thread 0 */
 DEV void st_mark(const g4c_params &p, const g4c_op *op, int k, unsigned long long t) {
     if (p.strace && threadIdx.x == 0) p.strace[((size_t)op->idx * G4C_MAXB + blockIdx.x) * 4 + k] = t;
+}
+/* the block's cluster: a barrier of all its threads (arrivals released, the wait acquiring), and
+ * the float at shared-memory address a (this block's) in the cluster's block of rank r */
+DEV void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+DEV float ld_cluster(unsigned a, int r) {
+    unsigned ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
 }
 /* a staged kernel waits for the previous stage (griddepcontrol.wait) and marks when it returned */
 DEV void stage_wait(const g4c_params &p, const g4c_op *op) {
@@ -3050,25 +3062,53 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
     /* fused heads: the block's own rows (positions from raw_from) come from kraw / vraw */
     const int raw_from = op->heads && op->qkv_own ? pos0 : INT_MAX;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
-    int total = 0;
+    int total = 0, nch_max = 0;
     for (int m = 0; m < Mq; m++) {
         int lo, cf, nch;
         attn_range(op, op->drafter ? p.qpos : pos0 + m, &lo, &cf, &nch);
         total += nkv * nch * group;
+        nch_max = max(nch_max, nch);
     }
+    /* launched in clusters of CL blocks (p.attn_cl, kernel 4) and every head's chunks fit one: a
+     * cluster per (token, query head), its block of rank r on chunk r, the partials left in each
+     * block's shared memory and combined by rank 0 through the cluster's (attn_combine's operations
+     * in its order), so no fence, no counter and no global partials. The same bits. */
+    const int CL = p.attn_cl;
+    const bool cl = !WIDE && CL > 1 && !op->drafter && nch_max <= CL;
+    const int units = cl ? Mq * nH : total, u_first = cl ? (int)blockIdx.x / CL : (int)blockIdx.x;
+    const int u_step = cl ? (int)gridDim.x / CL : (int)gridDim.x, crank = cl ? (int)blockIdx.x % CL : 0;
     float *qs = sm, *sc = sm + d, *stat = sc + G4C_KCHUNK; /* stat: max, sum */
     float *ks = stat + 4; /* the chunk's K rows [n][d], then its V rows [n][d] */
     const tail_t tl = tail_of(sm, p);
 #pragma unroll 1
-    for (int it = blockIdx.x; it < total; it += gridDim.x) {
-        int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0;
-        for (;; m++) {
-            pq = op->drafter ? p.qpos : pos0 + m;
+    for (int it = u_first; it < units; it += u_step) {
+        int m = 0, rest = it, lo = 0, cf = 0, nch = 0, pq = 0, g = 0, ci = 0, hh = 0;
+        if (cl) {
+            m = it / nH;
+            pq = pos0 + m;
             attn_range(op, pq, &lo, &cf, &nch);
-            if (rest < nkv * nch * group) break;
-            rest -= nkv * nch * group;
+            g = it % nH / group;
+            hh = it % group;
+            ci = crank;
+            if (ci >= nch) { /* a rank past the head's last chunk: only the cluster's barriers */
+                if (nch > 1) {
+                    cluster_sync();
+                    cluster_sync();
+                }
+                continue;
+            }
+        } else {
+            for (;; m++) {
+                pq = op->drafter ? p.qpos : pos0 + m;
+                attn_range(op, pq, &lo, &cf, &nch);
+                if (rest < nkv * nch * group) break;
+                rest -= nkv * nch * group;
+            }
+            g = rest / (nch * group);
+            ci = rest / group % nch;
+            hh = rest % group;
         }
-        const int g = rest / (nch * group), ci = rest / group % nch, hh = rest % group, c = cf + ci;
+        const int c = cf + ci;
         const int k0 = max(lo, c * G4C_KCHUNK), k1 = min(pq, c * G4C_KCHUNK + G4C_KCHUNK - 1), n = k1 - k0 + 1;
         const float *qsrc = op->q + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
         float *vsm = ks + (size_t)n * d;
@@ -3115,6 +3155,11 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
         }
         __syncthreads();
         if (p.trace && tid == 0) tl.flag[2] += (int)(clock64() - tstart); /* trace: the staging's cycles */
+        /* the staged trace's point 2 in an attention stage: where the item's chain has got to (p.amark) */
+        auto amark = [&](int k) {
+            if (p.strace && p.amark == k) st_mark(p, op, 2, global_ns());
+        };
+        amark(1);
         if (op->heads && op->qkv_own && hh == 0 && k1 == pq) { /* this token's K/V row, as op_heads stores it */
             float *kd, *vd;
             kv_dest(op, p, m, pq, g, &kd, &vd);
@@ -3160,6 +3205,7 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
             }
         }
         __syncthreads();
+        amark(2);
         float *part = op->part_buf + (((size_t)m * nkv + g) * op->max_chunks + ci) * group * (d + 2) + (size_t)hh * (d + 2);
 #pragma unroll 1
         for (int e = tid; e < d; e += G4C_THREADS) {
@@ -3167,9 +3213,42 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
 #pragma unroll 4
             for (int j = 0; j < n; j++) o = fmaf(sc[j], vsm[(size_t)j * d + e], o); /* in key order */
             if (nch == 1) op->att[(size_t)m * nH * d + (size_t)(g * group + hh) * d + e] = o / stat[1];
+            else if (cl) qs[e] = o; /* the query is used: qs holds the partial (and stat its statistics) */
             else part[2 + e] = o;
         }
-        if (nch > 1) { /* the last of the head's chunks to finish combines them (no separate stage) */
+        if (p.strace && p.amark == 3) {
+            __syncthreads();
+            amark(3);
+        }
+        if (nch > 1 && cl) { /* rank 0 combines the cluster's partials in chunk order */
+            cluster_sync();
+            amark(4);
+            if (crank == 0) {
+                const unsigned own = (unsigned)__cvta_generic_to_shared(qs);
+                float *att = op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+#pragma unroll 1
+                for (int e = tid; e < d; e += G4C_THREADS) { /* attn_combine's operations */
+                    float mx = -INFINITY;
+#pragma unroll 1
+                    for (int r = 0; r < nch; r++) mx = fmaxf(mx, ld_cluster(own + 4u * (d + G4C_KCHUNK), r));
+                    float s = 0.0f, o = 0.0f;
+#pragma unroll 1
+                    for (int r = 0; r < nch; r++) {
+                        const float cm = ld_cluster(own + 4u * (d + G4C_KCHUNK), r), cs = ld_cluster(own + 4u * (d + G4C_KCHUNK + 1), r);
+                        const float ca = ld_cluster(own + 4u * e, r);
+                        const float w = expf(cm - mx);
+                        s = s + cs * w;
+                        o = o + ca * w;
+                    }
+                    att[e] = o / s;
+                }
+                if (p.strace && p.amark == 5) {
+                    __syncthreads();
+                    amark(5);
+                }
+            }
+            cluster_sync(); /* every block's partial read before its shared memory is reused */
+        } else if (nch > 1) { /* the last of the head's chunks to finish combines them (no separate stage) */
             if (tid == 0) {
                 part[0] = stat[0];
                 part[1] = stat[1];
@@ -3179,11 +3258,16 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
             int *cnt = op->att_cnt + (size_t)m * nH + (size_t)g * group + hh;
             if (tid == 0) tl.flag[1] = atomicAdd(cnt, 1) == nch - 1;
             __syncthreads();
+            amark(4);
             if (tl.flag[1]) {
                 __threadfence();
                 const size_t stride = (size_t)group * (d + 2);
                 attn_combine(part - (size_t)ci * stride, stride, nch, d, op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d);
                 if (tid == 0) *cnt = 0; /* ready for the next layer */
+                if (p.strace && p.amark == 5) {
+                    __syncthreads();
+                    amark(5);
+                }
             }
         }
         __syncthreads();

@@ -37,11 +37,13 @@ cudaError_t g4c_kernel_shape(int device, int *grid, size_t *smem_bytes, int *sme
  * two blocks per SM, one-token instantiations only; 2: one; 3: weight rings, one token), the one
  * for attention stages held to half an SM (4) or the one for the others (0);
  * g4c_stage_blocks: its resident blocks per SM with smem_bytes of dynamic shared memory (and sets
- * that size as its maximum); g4c_stage_launch: stage s of p (p->smem_in_floats for this launch),
- * with programmatic dependent launch when pdl. */
+ * that size as its maximum); g4c_stage_clusters: how many clusters of cl blocks of kernel mm can be
+ * resident at once (0: none); g4c_stage_launch: stage s of p (p->smem_in_floats for this launch),
+ * with programmatic dependent launch when pdl, in clusters of p->attn_cl blocks when that is > 1. */
 #define G4C_N_STAGE 8
 int g4c_stage_inst(unsigned kmask, int M);
 cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm);
+cudaError_t g4c_stage_clusters(int inst, int mm, size_t smem_bytes, int cl, int *clusters);
 cudaError_t g4c_stage_launch(int inst, int mm, const g4c_params *p, int s, int grid, size_t smem_bytes, int pdl, cudaStream_t stream);
 /* One launch of the program in p (cooperative: every block resident). */
 cudaError_t g4c_launch(const g4c_params *p, int grid, size_t smem_bytes, cudaStream_t stream);

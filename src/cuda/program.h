@@ -320,5 +320,10 @@ typedef struct g4c_params {
                              mm_stage_early_v) */
     int attn_pre;         /* the staged decode: an attention stage copies its first item's K/V rows of
                              earlier positions before it waits for the previous stage (forward.cuh op_attn) */
+    int attn_cl;          /* > 1: this attention stage runs in clusters of attn_cl blocks, a cluster per
+                             (token, query head) where its chunks fit one (forward.cuh op_attn) */
+    int amark;            /* the staged trace (strace): the point of an attention item's chain marked as
+                             its point 2 (forward.cuh op_attn: 1 rows and query staged, 2 softmax, 3 V
+                             sums, 4 chunk counter, 5 combine; 0: none) */
 } g4c_params;
 #endif

@@ -165,6 +165,9 @@ struct g4_cuda {
     int attn_early;                      /* staged attention stages copy their earlier K/V rows before the wait and, where
                                             their items fit, run held to half an SM so that they can start beside the
                                             stage before (G4_CUDA_ATTN_EARLY=0: after the wait, on the full-SM kernel) */
+    int attn_cl;                         /* staged attention stages on the half-SM kernel run in clusters of this many
+                                            blocks where a head's chunks fit one (G4_CUDA_ATTN_CL=8 or 16; 0: off) */
+    int attn_cl_full;                    /* and those on the full-SM kernel too (G4_CUDA_ATTN_CLF=1) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
@@ -1178,6 +1181,10 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         const char *rq = getenv("G4_CUDA_RING_Q");
         c->ring_q = rq && atoi(rq) == 1;
         c->attn_early = env_on("G4_CUDA_ATTN_EARLY");
+        const char *ac = getenv("G4_CUDA_ATTN_CL");
+        c->attn_cl = ac && (atoi(ac) == 8 || atoi(ac) == 16) ? atoi(ac) : 0;
+        const char *af = getenv("G4_CUDA_ATTN_CLF");
+        c->attn_cl_full = af && atoi(af) == 1;
         /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe), in
          * the staged decode with the first group issued before the wait for the stage before
          * (mm_stage_early): G4_CUDA_PIPE=2, the default. Measured on an H100 (same upload, default
@@ -1401,6 +1408,17 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     const size_t attn_smem = ((size_t)attn_in * sizeof(float) + G4C_TAIL + 1023) & ~(size_t)1023;
     if (attn_d) CK(g4c_stage_blocks(inst, 4, attn_smem, &nb_attn), "sizing the staged decode");
     if (nb_attn > 2) nb_attn = 2;
+    /* attention stages in clusters (c->attn_cl; kernel 4, and kernel 0 with c->attn_cl_full): the grid a
+     * whole number of them, as many as are resident at once; 0 where the device takes none */
+    auto cl_grid = [&](int kern, size_t smem, int blocks) {
+        int ncl = 0;
+        const int want = blocks / c->attn_cl;
+        const bool ok = g4c_stage_clusters(inst, kern, smem, c->attn_cl, &ncl) == cudaSuccess && ncl > 0 && want > 0;
+        (void)cudaGetLastError(); /* a size the device does not take: no clusters */
+        return ok ? (ncl < want ? ncl : want) * c->attn_cl : 0;
+    };
+    const int attn_grid = nb_attn > 0 && c->attn_cl > 1 ? cl_grid(4, attn_smem, sms * (p0.M == 1 ? 1 : nb_attn)) : 0;
+    const int attn_grid0 = c->attn_cl > 1 && c->attn_cl_full ? cl_grid(0, c->smem, sms * nb_other) : 0;
     cudaGraph_t g = NULL;
     CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), "capturing the staged decode");
     cudaError_t e = cudaSuccess;
@@ -1423,9 +1441,12 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
          * and the next stage's ring blocks can start beside it; verify blocks' more items: two */
         const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : ah ? (p0.M == 1 ? 1 : nb_attn) : nb_other;
         const int kern = mm ? mmk : full ? 2 : ah ? 4 : 0;
-        if (grids) grids[s] = sms * per_sm;
+        const int cgrid = ah ? attn_grid : at && kern == 0 ? attn_grid0 : 0;
+        p.attn_cl = cgrid ? c->attn_cl : 0;
+        const int grid = cgrid ? cgrid : sms * per_sm;
+        if (grids) grids[s] = grid;
         if (kerns) kerns[s] = kern;
-        e = g4c_stage_launch(inst, kern, &p, s, sms * per_sm, mm ? mm_smem : ah ? attn_smem : c->smem, s > 0, c->stream);
+        e = g4c_stage_launch(inst, kern, &p, s, grid, mm ? mm_smem : ah ? attn_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
     if (!e) e = e2;
@@ -2102,11 +2123,14 @@ extern "C" g4_status g4_cuda_trace(g4_cuda *c, int pos, const int32_t *tokens, i
     return G4_OK;
 }
 
-extern "C" g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, unsigned long long *stamps,
-                                          int *grid, int *kern, int *kinds, double *wbytes, g4_error *err) {
-    if (M < 1 || M > c->max_batch || pos < 0 || pos + M > c->n_ctx) return g4_fail(err, G4_ERR_ARG, "bad traced forward");
+extern "C" g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *tokens, int M, int amark,
+                                          unsigned long long *stamps, int *grid, int *kern, int *kinds, double *wbytes,
+                                          g4_error *err) {
+    if (M < 1 || M > c->max_batch || pos < 0 || pos + M > c->n_ctx || amark < 0 || amark > 5)
+        return g4_fail(err, G4_ERR_ARG, "bad traced forward");
     g4c_params p = base_params(c);
     p.M = M;
+    p.amark = amark;
     p.want_logits = 1;
     if (!use_staged(c, p)) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged trace: this block does not run staged");
     const size_t n = c->ops.size() * (size_t)G4C_MAXB * 4;
