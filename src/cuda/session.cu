@@ -166,7 +166,7 @@ struct g4_cuda {
                                             their items fit, run held to half an SM so that they can start beside the
                                             stage before (G4_CUDA_ATTN_EARLY=0: after the wait, on the full-SM kernel) */
     int attn_cl;                         /* staged attention stages on the half-SM kernel run in clusters of this many
-                                            blocks where a head's chunks fit one (G4_CUDA_ATTN_CL=8 or 16; 0: off) */
+                                            blocks where a head's chunks fit one (G4_CUDA_ATTN_CL: 8, the default, 16 or 0: off) */
     int attn_cl_full;                    /* and those on the full-SM kernel too (G4_CUDA_ATTN_CLF=1) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
@@ -1181,8 +1181,12 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         const char *rq = getenv("G4_CUDA_RING_Q");
         c->ring_q = rq && atoi(rq) == 1;
         c->attn_early = env_on("G4_CUDA_ATTN_EARLY");
+        /* attention stages on the half-SM kernel in clusters of 8 (G4_CUDA_ATTN_CL=16: of 16; 0: off).
+         * Measured on an H100 (same upload, off -> 8 -> off -> 8, ctx 128): E2B qat-int4 410.6 -> 418.2
+         * -> 410.4 -> 417.9 tok/s, E2B bf16 367.5 -> 373.4, E4B bf16 206.1 -> 207.7; 16 was slower
+         * (406.2 against 408.1), the blocks' start waiting for whole clusters (README) */
         const char *ac = getenv("G4_CUDA_ATTN_CL");
-        c->attn_cl = ac && (atoi(ac) == 8 || atoi(ac) == 16) ? atoi(ac) : 0;
+        c->attn_cl = !ac ? 8 : atoi(ac) == 8 || atoi(ac) == 16 ? atoi(ac) : 0;
         const char *af = getenv("G4_CUDA_ATTN_CLF");
         c->attn_cl_full = af && atoi(af) == 1;
         /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe), in
