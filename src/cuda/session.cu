@@ -2148,8 +2148,11 @@ extern "C" g4_status g4_cuda_staged_trace(g4_cuda *c, int pos, const int32_t *to
     for (size_t i = 0; !st && i < gr.size(); i++) /* the marks' room: G4C_MAXB blocks a stage */
         if (gr[i] > G4C_MAXB) st = g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged trace: stage %zu has %d blocks (at most %d)", i, gr[i], (int)G4C_MAXB);
     cudaError_t e = cudaSuccess;
-    if (!st) e = cudaMemsetAsync(d, 0, n * sizeof *d, c->stream);
-    for (int r = 0; r < 2 && !st && !e; r++) e = cudaGraphLaunch(ge, c->stream); /* warm, then traced */
+    for (int r = 0; r < 2 && !st && !e; r++) { /* warm, then traced: no marks left from the warm run (a stage's
+                                                   blocks need not take the same items twice) */
+        e = cudaMemsetAsync(d, 0, n * sizeof *d, c->stream);
+        if (!e) e = cudaGraphLaunch(ge, c->stream);
+    }
     if (!st && !e) e = cudaMemcpyAsync(stamps, d, n * sizeof *d, cudaMemcpyDeviceToHost, c->stream);
     if (!st && !e) e = cudaStreamSynchronize(c->stream);
     if (ge) cudaGraphExecDestroy(ge);

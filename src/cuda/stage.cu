@@ -47,6 +47,16 @@ cudaError_t g4c_stage_blocks(int inst, int mm, size_t smem_bytes, int *per_sm) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fn, G4C_THREADS, smem_bytes);
 }
 
+/* a launch attribute: clusters of cl blocks along x */
+static cudaLaunchAttribute cluster_dim(int cl) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)cl;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    return at;
+}
+
 /* clusters of more than 8 blocks are the non-portable sizes (H100: up to 16), allowed per kernel */
 static cudaError_t cluster_attr(const void *fn, int cl) {
     return cl > 8 ? cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) : cudaSuccess;
@@ -58,11 +68,7 @@ cudaError_t g4c_stage_clusters(int inst, int mm, size_t smem_bytes, int cl, int 
     const void *fn = g4c_stage_fns[inst][mm];
     cudaError_t e = cluster_attr(fn, cl);
     if (e) return e;
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = (unsigned)cl;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
+    cudaLaunchAttribute at = cluster_dim(cl);
     cudaLaunchConfig_t c = {};
     c.gridDim = dim3((unsigned)(cl * 64));
     c.blockDim = dim3(G4C_THREADS);
@@ -78,10 +84,7 @@ cudaError_t g4c_stage_launch(int inst, int mm, const g4c_params *p, int s, int g
     g4c_pdl_config(&x, pdl, dim3(grid), dim3(G4C_THREADS), smem_bytes, stream);
     if (p->attn_cl > 1) { /* an attention stage in clusters (forward.cuh op_attn) */
         if (grid % p->attn_cl) return cudaErrorInvalidValue;
-        x.at[1].id = cudaLaunchAttributeClusterDimension;
-        x.at[1].val.clusterDim.x = (unsigned)p->attn_cl;
-        x.at[1].val.clusterDim.y = 1;
-        x.at[1].val.clusterDim.z = 1;
+        x.at[1] = cluster_dim(p->attn_cl);
         x.c.numAttrs = 2;
     }
     void *args[] = {(void *)p, (void *)&s};
