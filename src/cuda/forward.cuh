@@ -243,9 +243,17 @@ DEV unsigned long long global_ns(void) {
 DEV void st_mark(const g4c_params &p, const g4c_op *op, int k, unsigned long long t) {
     if (p.strace && threadIdx.x == 0) p.strace[((size_t)op->idx * G4C_MAXB + blockIdx.x) * 4 + k] = t;
 }
-/* the block's cluster: a barrier of all its threads (arrivals released, the wait acquiring) */
+/* the block's cluster: a barrier of all its threads (arrivals released, the wait acquiring), and
+ * the float at shared-memory address a (this block's) in the cluster's block of rank r */
 DEV void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+DEV float ld_cluster(unsigned a, int r) {
+    unsigned ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
 }
 /* a staged kernel waits for the previous stage (griddepcontrol.wait) and marks when it returned */
 DEV void stage_wait(const g4c_params &p, const g4c_op *op) {
@@ -1285,12 +1293,6 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         flags(pi, sgn, bias);
         dot_load<T, U, Q>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
     }
-    /* p.pf_self = D > 0: the team's lead lane asks L2 for its items D ahead (bulk prefetches, no
-     * registers), the first D now - weights depend on no stage - and one more at each new item */
-    const int pfd = p.pf_self;
-    const bool pfl = pfd > 0 && lane == 0 && warp % S == 0;
-    if (pfl)
-        for (int k = 1; k <= pfd && tg + k * nteams < total; k++) mm_prefetch_item(op, sh, tg + k * nteams);
     if constexpr (EARLY) { /* mm_stage_early: the first group is in flight; now the stage before, then the tile */
         static_assert(MTT == 1 && Q, "early loads: one-token quantised tiles");
         stage_wait(p, op);
@@ -1306,7 +1308,6 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
             nit = it + nteams;
             ngi = 0;
             if (nit < total) npi = mm_item(op, sh, nit, &nr0, &nhas1, &nw0, &nw1);
-            if (pfl && nit + pfd * nteams < total) mm_prefetch_item(op, sh, nit + pfd * nteams);
         }
         bool sgn, bias;
         if (nit < total) {
@@ -3223,33 +3224,21 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
             cluster_sync();
             amark(4);
             if (crank == 0) {
+                const unsigned own = (unsigned)__cvta_generic_to_shared(qs);
                 float *att = op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
-                /* each rank's qs through distributed shared memory: plain loads, a batch of 8 in flight */
-                auto rk = [&](int r) { return (const float *)__cluster_map_shared_rank((void *)qs, (unsigned)r); };
 #pragma unroll 1
-                for (int e = tid; e < d; e += G4C_THREADS) { /* attn_combine's operations, in chunk order */
+                for (int e = tid; e < d; e += G4C_THREADS) { /* attn_combine's operations */
                     float mx = -INFINITY;
-#pragma unroll 8
-                    for (int r = 0; r < nch; r++) mx = fmaxf(mx, rk(r)[d + G4C_KCHUNK]);
+#pragma unroll 1
+                    for (int r = 0; r < nch; r++) mx = fmaxf(mx, ld_cluster(own + 4u * (d + G4C_KCHUNK), r));
                     float s = 0.0f, o = 0.0f;
 #pragma unroll 1
-                    for (int c0 = 0; c0 < nch; c0 += 8) {
-                        float cm[8], cs[8], ca[8];
-#pragma unroll
-                        for (int u = 0; u < 8; u++) {
-                            const float *pr = rk(c0 + u < nch ? c0 + u : 0);
-                            cm[u] = c0 + u < nch ? pr[d + G4C_KCHUNK] : 0.0f;
-                            cs[u] = c0 + u < nch ? pr[d + G4C_KCHUNK + 1] : 0.0f;
-                            ca[u] = c0 + u < nch ? pr[e] : 0.0f;
-                        }
-#pragma unroll
-                        for (int u = 0; u < 8; u++) {
-                            if (c0 + u < nch) {
-                                const float w = expf(cm[u] - mx);
-                                s = s + cs[u] * w;
-                                o = o + ca[u] * w;
-                            }
-                        }
+                    for (int r = 0; r < nch; r++) {
+                        const float cm = ld_cluster(own + 4u * (d + G4C_KCHUNK), r), cs = ld_cluster(own + 4u * (d + G4C_KCHUNK + 1), r);
+                        const float ca = ld_cluster(own + 4u * e, r);
+                        const float w = expf(cm - mx);
+                        s = s + cs * w;
+                        o = o + ca * w;
                     }
                     att[e] = o / s;
                 }
@@ -3679,18 +3668,9 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
  * reads) and, for quantised rows, the chunk's scale and bias words ([s0, s1, b0, b1][lane]). */
 template <int T> struct ring_of {
     static constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    static constexpr int R = Q ? G4C_RING_R_Q : G4C_RING_R_D, SLOT = Q ? G4C_RING_SLOT_Q : G4C_RING_SLOT_D;
+    static constexpr int R = Q ? 5 : 8, SLOT = Q ? 1536 : 1024;
 };
-static_assert(G4C_RING_R_D * G4C_RING_SLOT_D <= G4C_RING_WARP && G4C_RING_R_Q * G4C_RING_SLOT_Q <= G4C_RING_WARP,
-              "a ring exceeds its room");
-/* cp.async.wait_group n for a run-time n in [0, N] (a warp-uniform choice of immediates) */
-template <int N> DEV void cp_wait_upto(int n) {
-    if constexpr (N > 0) {
-        if (n >= N) cp_wait_n<N>();
-        else cp_wait_upto<N - 1>(n);
-    } else
-        cp_wait_n<0>();
-}
+static_assert(8 * 1024 <= G4C_RING_WARP && 5 * 1536 <= G4C_RING_WARP, "a ring exceeds its room");
 
 /* the 4-byte word holding a row's scale or bias g (rows and their parameter blocks are 4-aligned,
  * so the word lies within the row), and that parameter from the word */
@@ -3756,11 +3736,8 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
 template <int T>
 DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     typedef ring_of<T> RC;
-    constexpr int E = G4C_CHUNK_ELEMS(T);
+    constexpr int E = G4C_CHUNK_ELEMS(T), R = RC::R;
     constexpr bool Q = RC::Q;
-    /* R slots a ring: the type's, or fewer beside an input tile too wide for them (session.cu) */
-    const int R = p.ring_slots > 0 && p.ring_slots < RC::R ? p.ring_slots : RC::R;
-    const size_t rstride = p.ring_slots > 0 ? (size_t)R * RC::SLOT : G4C_RING_WARP;
     const tail_t tl = tail_of(sm, p);
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);
@@ -3769,12 +3746,11 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tpb = G4C_WARPS / S;
     const int tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb, step = 32 * S, cf = 32 * (warp % S) + lane;
     const unsigned long long pol = l2_policy(p.evict_first);
-    char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * rstride;
+    char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * G4C_RING_WARP;
     ring_cur rc;
     ring_seek(op, sh, total, rc, tg, cf, nch);
 #pragma unroll
-    for (int k = 0; k < RC::R; k++)
-        if (k < R) ring_issue<T>(op, sh, total, rc, ring + k * RC::SLOT, cf, step, nch, nteams, pol);
+    for (int k = 0; k < R; k++) ring_issue<T>(op, sh, total, rc, ring + k * RC::SLOT, cf, step, nch, nteams, pol);
     stage_wait(p, op);
     const int amax = mm_amax(op, sh);
     if (m_begin < M) {
@@ -3803,7 +3779,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 #pragma unroll 1
             for (int c = cf; c < nch; c += 2 * step) {
                 const bool two = c + step < nch;
-                cp_wait_upto<RC::R - 2>(R - 2);
+                cp_wait_n<R - 2>();
                 uint4 wa[2], wb[2];
                 float sc0[2] = {}, sc1[2] = {}, bz0[2] = {}, bz1[2] = {};
 #pragma unroll
