@@ -244,7 +244,10 @@ DEV void st_mark(const g4c_params &p, const g4c_op *op, int k, unsigned long lon
     if (p.strace && threadIdx.x == 0) p.strace[((size_t)op->idx * G4C_MAXB + blockIdx.x) * 4 + k] = t;
 }
 /* the block's cluster: a barrier of all its threads (arrivals released, the wait acquiring), and
- * the float at shared-memory address a (this block's) in the cluster's block of rank r */
+ * the float at shared-memory address a (this block's) in the cluster's block of rank r. Both asm
+ * volatile: a mapa the compiler may move (__cluster_map_shared_rank's) can be hoisted out of the
+ * branch that only cluster launches take, and executed in a launch without clusters it is an illegal
+ * instruction (every GPU check failed that way in session 35's first build) */
 DEV void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -1293,6 +1296,12 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         flags(pi, sgn, bias);
         dot_load<T, U, Q>(ga, w0, w1, op->part[pi].w, cb, nch, cstep, sgn, bias, pol);
     }
+    /* p.pf_self = D > 0: the team's lead lane asks L2 for its items D ahead (bulk prefetches, no
+     * registers), the first D now - weights depend on no stage - and one more at each new item */
+    const int pfd = p.pf_self;
+    const bool pfl = pfd > 0 && lane == 0 && warp % S == 0;
+    if (pfl)
+        for (int k = 1; k <= pfd && tg + k * nteams < total; k++) mm_prefetch_item(op, sh, tg + k * nteams);
     if constexpr (EARLY) { /* mm_stage_early: the first group is in flight; now the stage before, then the tile */
         static_assert(MTT == 1 && Q, "early loads: one-token quantised tiles");
         stage_wait(p, op);
@@ -1308,6 +1317,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
             nit = it + nteams;
             ngi = 0;
             if (nit < total) npi = mm_item(op, sh, nit, &nr0, &nhas1, &nw0, &nw1);
+            if (pfl && nit + pfd * nteams < total) mm_prefetch_item(op, sh, nit + pfd * nteams);
         }
         bool sgn, bias;
         if (nit < total) {
@@ -3224,21 +3234,41 @@ DEVN void op_attn(const g4c_op *op, const g4c_params &p, int pos0, float *sm, un
             cluster_sync();
             amark(4);
             if (crank == 0) {
-                const unsigned own = (unsigned)__cvta_generic_to_shared(qs);
                 float *att = op->att + (size_t)m * nH * d + (size_t)(g * group + hh) * d;
+                /* each rank's partial through distributed shared memory, a batch of 8 loads issued
+                 * before the first is used (attn_combine's shape; one after another it took 1.3 µs) */
+                const unsigned own = (unsigned)__cvta_generic_to_shared(qs);
 #pragma unroll 1
-                for (int e = tid; e < d; e += G4C_THREADS) { /* attn_combine's operations */
+                for (int e = tid; e < d; e += G4C_THREADS) { /* attn_combine's operations, in chunk order */
                     float mx = -INFINITY;
 #pragma unroll 1
-                    for (int r = 0; r < nch; r++) mx = fmaxf(mx, ld_cluster(own + 4u * (d + G4C_KCHUNK), r));
+                    for (int c0 = 0; c0 < nch; c0 += 8) {
+                        float cm[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++) cm[u] = c0 + u < nch ? ld_cluster(own + 4u * (d + G4C_KCHUNK), c0 + u) : -INFINITY;
+#pragma unroll
+                        for (int u = 0; u < 8; u++)
+                            if (c0 + u < nch) mx = fmaxf(mx, cm[u]);
+                    }
                     float s = 0.0f, o = 0.0f;
 #pragma unroll 1
-                    for (int r = 0; r < nch; r++) {
-                        const float cm = ld_cluster(own + 4u * (d + G4C_KCHUNK), r), cs = ld_cluster(own + 4u * (d + G4C_KCHUNK + 1), r);
-                        const float ca = ld_cluster(own + 4u * e, r);
-                        const float w = expf(cm - mx);
-                        s = s + cs * w;
-                        o = o + ca * w;
+                    for (int c0 = 0; c0 < nch; c0 += 8) {
+                        float cm[8], cs[8], ca[8];
+#pragma unroll
+                        for (int u = 0; u < 8; u++) {
+                            const bool in = c0 + u < nch;
+                            cm[u] = in ? ld_cluster(own + 4u * (d + G4C_KCHUNK), c0 + u) : 0.0f;
+                            cs[u] = in ? ld_cluster(own + 4u * (d + G4C_KCHUNK + 1), c0 + u) : 0.0f;
+                            ca[u] = in ? ld_cluster(own + 4u * e, c0 + u) : 0.0f;
+                        }
+#pragma unroll
+                        for (int u = 0; u < 8; u++) {
+                            if (c0 + u < nch) {
+                                const float w = expf(cm[u] - mx);
+                                s = s + cs[u] * w;
+                                o = o + ca[u] * w;
+                            }
+                        }
                     }
                     att[e] = o / s;
                 }
@@ -3668,9 +3698,10 @@ template <unsigned TM> const void *g4c_kernel_fn() { return (const void *)g4c_ke
  * reads) and, for quantised rows, the chunk's scale and bias words ([s0, s1, b0, b1][lane]). */
 template <int T> struct ring_of {
     static constexpr bool Q = T == G4C_Q8 || T == G4C_Q4;
-    static constexpr int R = Q ? 5 : 8, SLOT = Q ? 1536 : 1024;
+    static constexpr int R = Q ? G4C_RING_R_Q : G4C_RING_R_D, SLOT = Q ? G4C_RING_SLOT_Q : G4C_RING_SLOT_D;
 };
-static_assert(8 * 1024 <= G4C_RING_WARP && 5 * 1536 <= G4C_RING_WARP, "a ring exceeds its room");
+static_assert(G4C_RING_R_D * G4C_RING_SLOT_D <= G4C_RING_WARP && G4C_RING_R_Q * G4C_RING_SLOT_Q <= G4C_RING_WARP,
+              "a ring exceeds its room");
 
 /* the 4-byte word holding a row's scale or bias g (rows and their parameter blocks are 4-aligned,
  * so the word lies within the row), and that parameter from the word */
@@ -3733,11 +3764,18 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
  * register holds a load in flight. Per chunk the
  * arithmetic is dot2's (chunk_dot), in the same order; items, team sums, the epilogue and the
  * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode. */
-template <int T>
+template <int T, int R>
 DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     typedef ring_of<T> RC;
-    constexpr int E = G4C_CHUNK_ELEMS(T), R = RC::R;
+    constexpr int E = G4C_CHUNK_ELEMS(T);
     constexpr bool Q = RC::Q;
+    /* R slots a ring (a constant: cp.async's wait and commit stay unconditional): the type's, or
+     * fewer beside an input tile too wide for them (session.cu; mm_ring_slots) */
+    static_assert(R >= 4 && R <= RC::R, "ring slots");
+    /* the warps' rings G4C_RING_WARP apart at the type's count, R slots apart below it: a constant
+     * (spaced by a run-time value, every ring of this kernel faulted with an illegal instruction on
+     * an H100 - session 36's bisection - whichever slot count ran) */
+    constexpr size_t rstride = R == RC::R ? (size_t)G4C_RING_WARP : (size_t)R * RC::SLOT;
     const tail_t tl = tail_of(sm, p);
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);
@@ -3746,7 +3784,7 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tpb = G4C_WARPS / S;
     const int tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb, step = 32 * S, cf = 32 * (warp % S) + lane;
     const unsigned long long pol = l2_policy(p.evict_first);
-    char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * G4C_RING_WARP;
+    char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * rstride;
     ring_cur rc;
     ring_seek(op, sh, total, rc, tg, cf, nch);
 #pragma unroll
@@ -3833,6 +3871,19 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     if (amax) finish_argmax(p, m_begin, M, amax, 0, 0, tl.flag);
 }
 
+/* mm_ring at the stage's slot count (p.ring_slots; 0: the type's) */
+template <int T> DEVT void mm_ring_slots(const g4c_op *op, const g4c_params &p, float *sm) {
+    constexpr int RM = ring_of<T>::R;
+    const int r = p.ring_slots > 0 && p.ring_slots < RM ? p.ring_slots : RM;
+    if constexpr (RM > 5) {
+        if (r == 7) return mm_ring<T, 7>(op, p, sm);
+        if (r == 6) return mm_ring<T, 6>(op, p, sm);
+        if (r == 5) return mm_ring<T, 5>(op, p, sm);
+    }
+    if (r == 4) return mm_ring<T, 4>(op, p, sm);
+    mm_ring<T, RM>(op, p, sm);
+}
+
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
 
 /* A one-token stage of 4- or 8-bit rows with its first load group in flight before the wait
@@ -3878,11 +3929,11 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
     if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
         if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
             switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
-            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring<G4C_BF16>(op, p, sm); return;
-            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring<G4C_F16>(op, p, sm); return;
-            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring<G4C_Q8>(op, p, sm); return;
-            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring<G4C_Q4>(op, p, sm); return;
-            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring<G4C_F32>(op, p, sm); return;
+            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16>(op, p, sm); return;
+            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring_slots<G4C_F16>(op, p, sm); return;
+            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring_slots<G4C_Q8>(op, p, sm); return;
+            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring_slots<G4C_Q4>(op, p, sm); return;
+            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring_slots<G4C_F32>(op, p, sm); return;
             }
         }
         stage_wait(p, op);

@@ -35,6 +35,8 @@ enum {
     G4C_MAXD = 512,      /* head dim */
     G4C_TAIL = 8192,     /* bytes of shared memory kept for reductions after the input tile */
     G4C_RING_WARP = 8192, /* the staged ring kernel (forward.cuh mm_ring): each warp's weight ring, after the tail */
+    G4C_RING_SLOT_D = 1024, G4C_RING_R_D = 8, /* its slots (bytes) and their number: dense rows */
+    G4C_RING_SLOT_Q = 1536, G4C_RING_R_Q = 5, /* 4- and 8-bit rows (their scale and bias words too) */
     G4C_IN_NPT = 6144 / G4C_THREADS, /* normed input rows: elements per thread (K <= 6144) */
     G4C_MMA_MT = 32,     /* tokens per input tile of a tensor-core stage (4 groups of 8) */
     G4C_MMA_MAXITEMS = 4096, /* tensor-core stages split K until this many (row tile, segment) items */
@@ -284,7 +286,8 @@ typedef struct g4c_params {
     float *amin_part;     /* [grid] */
     int smem_in_floats;   /* shared floats for the input tile */
     int pf_items;         /* row teams' items of the next matmul prefetched ahead (0: off) */
-    int pf_self;          /* 1: each team prefetches its next item's rows within a stage */
+    int pf_self;          /* > 0: each team asks L2 for its items ahead within a stage (pipelined tiles:
+                             this many; dot2's: the next) */
     float eps;            /* RMSNorm epsilon */
     int evict_first;      /* 1: weight loads are marked first to leave L2 (they are read once per
                              launch; code, stage list, activations and the stack stay resident) */
@@ -322,6 +325,8 @@ typedef struct g4c_params {
                              earlier positions before it waits for the previous stage (forward.cuh op_attn) */
     int attn_cl;          /* > 1: this attention stage runs in clusters of attn_cl blocks, a cluster per
                              (token, query head) where its chunks fit one (forward.cuh op_attn) */
+    int ring_slots;       /* the staged ring kernel (mm_ring): slots per warp where fewer than its type's
+                             (G4C_RING_R_*) fit beside a wide input tile; 0: the type's, G4C_RING_WARP apart */
     int amark;            /* the staged trace (strace): the point of an attention item's chain marked as
                              its point 2 (forward.cuh op_attn: 1 rows and query staged, 2 softmax, 3 V
                              sums, 4 chunk counter, 5 combine; 0: none) */

@@ -169,6 +169,10 @@ struct g4_cuda {
                                             blocks where a head's chunks fit one (G4_CUDA_ATTN_CL: 8, the default, 16 or 0: off) */
     int attn_cl_full;                    /* and those on the full-SM kernel too (G4_CUDA_ATTN_CLF=1) */
     int attn_cl_verify;                  /* and in verify blocks too (G4_CUDA_ATTN_CLV=1; default: one-token steps only) */
+    int ring_long;                       /* mode 4: one-token matmuls whose input tile leaves too little room for full
+                                            rings take rings of fewer slots (G4_CUDA_RING_LONG=0: mode 2's kernel) */
+    int ring_slots;                      /* > 0: every ring stage that way, at most this many slots (G4_CUDA_RING_SLOTS=4..8:
+                                            for testing that path on models whose tiles all fit) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
@@ -1149,7 +1153,12 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
     c->n_ctx = n_ctx;
     c->max_batch = max_batch;
     c->pf_items = 0;
-    c->pf_self = 0;
+    /* each row team's items D ahead into L2 (G4_CUDA_PF_SELF=D; pipelined tiles: D items, dot2's: the
+     * next one; 0, the default: none) */
+    {
+        const char *ps = getenv("G4_CUDA_PF_SELF");
+        c->pf_self = ps && atoi(ps) > 0 && atoi(ps) <= 16 ? atoi(ps) : 0;
+    }
     c->split_chunks = 0; /* split_of's defaults */
     c->evict_first = 1;
     c->op_local = 1;
@@ -1194,6 +1203,9 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
          * E2B qat-int4 2.52x -> 2.63x a step); G4_CUDA_ATTN_CLV=1 clusters them too */
         const char *av = getenv("G4_CUDA_ATTN_CLV");
         c->attn_cl_verify = av && atoi(av) == 1;
+        c->ring_long = env_on("G4_CUDA_RING_LONG");
+        const char *rs = getenv("G4_CUDA_RING_SLOTS");
+        c->ring_slots = rs && atoi(rs) >= 4 && atoi(rs) <= G4C_RING_R_D ? atoi(rs) : 0;
         /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe), in
          * the staged decode with the first group issued before the wait for the stage before
          * (mm_stage_early): G4_CUDA_PIPE=2, the default. Measured on an H100 (same upload, default
@@ -1437,15 +1449,35 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         g4c_params p = p0;
         const bool mmo = o.kind == G4C_OP_MATMUL, q = mmo && (o.part[0].w.type == G4C_Q4 || o.part[0].w.type == G4C_Q8);
         /* mode 4: a matmul stage the rings do not take - quantised rows unless G4_CUDA_RING_Q=1
-         * (measured slower, README), or an input tile too wide for their half SM - runs as in mode 2 */
+         * (measured slower, README), or an input tile too wide for rings of 4 slots beside it in their
+         * half SM (31B's 21,504-wide down projection) - runs as in mode 2 */
         const int K = mmo ? o.part[0].w.cols : 0;
-        const bool mm = mmo && !(ring && q && !c->ring_q) && G4C_TILE_LD(K) <= mm_in;
+        const bool ringable = ring && mmo && !(q && !c->ring_q);
+        bool mm = mmo && !(ring && q && !c->ring_q) && G4C_TILE_LD(K) <= mm_in;
+        /* an input tile too wide for full rings beside it (E4B's 10,240-wide down projection, E2B's
+         * 12,288): rings of fewer slots (at least 4) after a tile of its own size */
+        int in_f = mm_in, slots = 0;
+        if (ringable && ((!mm && c->ring_long) || c->ring_slots)) {
+            const int f = (G4C_TILE_LD(K) + 3) & ~3;
+            const size_t slot = q ? G4C_RING_SLOT_Q : G4C_RING_SLOT_D, rmax = q ? G4C_RING_R_Q : G4C_RING_R_D;
+            const size_t used = (size_t)f * sizeof(float) + G4C_TAIL;
+            size_t r = used < mm_smem ? (mm_smem - used) / ((size_t)G4C_WARPS * slot) : 0;
+            /* rings of the type's full count lie G4C_RING_WARP apart (forward.cuh mm_ring) */
+            if (r >= rmax && mm_smem - used < (size_t)G4C_WARPS * G4C_RING_WARP) r = rmax - 1;
+            if (r >= 4) {
+                mm = true;
+                in_f = f;
+                slots = (int)(r < rmax ? r : rmax);
+                if (c->ring_slots && slots > c->ring_slots) slots = c->ring_slots;
+            }
+        }
         const bool full = mmo && ring && !mm && G4C_TILE_LD(K) <= full_in;
         /* attention: the earlier K/V rows before the wait (every staged mode), on the half-SM kernel
          * where its items fit (heads up to attn_d wide: E2B's and E4B's 256-wide sliding layers) */
         const bool at = o.kind == G4C_OP_ATTN && c->attn_early, ah = at && nb_attn > 0 && o.d <= attn_d;
         p.attn_pre = at ? 1 : 0;
-        p.smem_in_floats = mm ? mm_in : full ? full_in : ah ? attn_in : c->smem_in;
+        p.smem_in_floats = mm ? in_f : full ? full_in : ah ? attn_in : c->smem_in;
+        p.ring_slots = slots;
         p.stage_pf = c->stage_pf;
         /* one-token attention: one block per SM, so that every block starts beside the stage before
          * and the next stage's ring blocks can start beside it; verify blocks' more items: two */
@@ -2191,7 +2223,7 @@ extern "C" g4_status g4_cuda_set_tune(g4_cuda *c, int pf_items, int pf_self, int
         c->smem_in = smem_in;
     }
     c->pf_items = pf_items < 0 ? 0 : pf_items;
-    c->pf_self = !!pf_self;
+    c->pf_self = pf_self < 0 ? 0 : pf_self; /* pipelined tiles: items ahead; dot2's tiles: the next (any > 0) */
     c->split_chunks = split_chunks < 0 ? 0 : split_chunks;
     build_target(c);
     finish_ops(c, c->ops);
