@@ -245,9 +245,9 @@ DEV void st_mark(const g4c_params &p, const g4c_op *op, int k, unsigned long lon
 }
 /* the block's cluster: a barrier of all its threads (arrivals released, the wait acquiring), and
  * the float at shared-memory address a (this block's) in the cluster's block of rank r. Both asm
- * volatile: a mapa the compiler may move (__cluster_map_shared_rank's) can be hoisted out of the
- * branch that only cluster launches take, and executed in a launch without clusters it is an illegal
- * instruction (every GPU check failed that way in session 35's first build) */
+ * volatile: a mapa the compiler may move (__cluster_map_shared_rank's) could be hoisted out of the
+ * branch that only cluster launches take, and executed in a launch without clusters it would be an
+ * illegal instruction (suspected in session 35's first build, which also had the ring fault) */
 DEV void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
@@ -3772,10 +3772,10 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     /* R slots a ring (a constant: cp.async's wait and commit stay unconditional): the type's, or
      * fewer beside an input tile too wide for them (session.cu; mm_ring_slots) */
     static_assert(R >= 4 && R <= RC::R, "ring slots");
-    /* the warps' rings G4C_RING_WARP apart at the type's count, R slots apart below it: a constant
-     * (spaced by a run-time value, every ring of this kernel faulted with an illegal instruction on
-     * an H100 - session 36's bisection - whichever slot count ran) */
-    constexpr size_t rstride = R == RC::R ? (size_t)G4C_RING_WARP : (size_t)R * RC::SLOT;
+    /* the warps' rings R slots apart: a constant (spaced by a run-time value, every ring of this
+     * kernel faulted with an illegal instruction on an H100 - session 36's bisection - whichever
+     * slot count ran) */
+    constexpr size_t rstride = (size_t)R * RC::SLOT;
     const tail_t tl = tail_of(sm, p);
     const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
     const mm_shape sh = mm_shape_of(op, p);

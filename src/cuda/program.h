@@ -326,7 +326,7 @@ typedef struct g4c_params {
     int attn_cl;          /* > 1: this attention stage runs in clusters of attn_cl blocks, a cluster per
                              (token, query head) where its chunks fit one (forward.cuh op_attn) */
     int ring_slots;       /* the staged ring kernel (mm_ring): slots per warp where fewer than its type's
-                             (G4C_RING_R_*) fit beside a wide input tile; 0: the type's, G4C_RING_WARP apart */
+                             (G4C_RING_R_*) fit beside a wide input tile; 0: the type's; rings lie R slots apart */
     int amark;            /* the staged trace (strace): the point of an attention item's chain marked as
                              its point 2 (forward.cuh op_attn: 1 rows and query staged, 2 softmax, 3 V
                              sums, 4 chunk counter, 5 combine; 0: none) */

@@ -1461,9 +1461,7 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
             const int f = (G4C_TILE_LD(K) + 3) & ~3;
             const size_t slot = q ? G4C_RING_SLOT_Q : G4C_RING_SLOT_D, rmax = q ? G4C_RING_R_Q : G4C_RING_R_D;
             const size_t used = (size_t)f * sizeof(float) + G4C_TAIL;
-            size_t r = used < mm_smem ? (mm_smem - used) / ((size_t)G4C_WARPS * slot) : 0;
-            /* rings of the type's full count lie G4C_RING_WARP apart (forward.cuh mm_ring) */
-            if (r >= rmax && mm_smem - used < (size_t)G4C_WARPS * G4C_RING_WARP) r = rmax - 1;
+            const size_t r = used < mm_smem ? (mm_smem - used) / ((size_t)G4C_WARPS * slot) : 0;
             if (r >= 4) {
                 mm = true;
                 in_f = f;
