@@ -1161,6 +1161,15 @@ DEVR void mm_prefetch_item(const g4c_op *op, const mm_shape sh, int it) {
     }
 }
 
+/* The first item of row team `team` (of tpb a block) in block blk of nblk: block-major (the
+ * team's block's teams in a row), or with p.team_spread warp-major, so that the items of a short
+ * stage or of a last partial round land one team a block across every block; team g takes items
+ * g, g + nblk·tpb, ... either way. An item is computed whole by its team, so the outputs are the
+ * same bits whichever team computes it. */
+DEV int team_first(const g4c_params &p, int blk, int nblk, int tpb, int team) {
+    return p.team_spread ? team * nblk + blk : blk * tpb + team;
+}
+
 /* The first p.pf_items items of every row team of the matmul stage op (this block's teams) into
  * L2: they stream in while the current stage and the barrier run. */
 DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp) {
@@ -1169,7 +1178,7 @@ DEV void mm_prefetch_first(const g4c_op *op, const g4c_params &p, int only_warp)
     if (op->mma_ks) return; /* tensor-core stages: no L2 lookahead */
     if (lane || warp % S || (only_warp >= 0 && warp != only_warp)) return;
     const mm_shape sh = mm_shape_of(op, p);
-    const int tpb = G4C_WARPS / S, tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb;
+    const int tpb = G4C_WARPS / S, tg = team_first(p, blockIdx.x, gridDim.x, tpb, warp / S), nteams = gridDim.x * tpb;
     for (int k = 0, it = tg; k < p.pf_items && it < sh.total; k++, it += nteams) mm_prefetch_item(op, sh, it);
 }
 
@@ -1271,7 +1280,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nch = K / E, cstep = 32 * S;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tpb = G4C_WARPS / S, team = warp / S, cb = 32 * (warp % S) + lane;
-    const int tg = blk * tpb + team, nteams = nblk * tpb;
+    const int tg = team_first(p, blk, nblk, tpb, team), nteams = nblk * tpb;
     /* groups per item, the same for every lane of the warp (a lane past its last chunk loads and
      * adds nothing, as in dot2) */
     const int gw = 32 * (warp % S), ng = gw < nch ? (nch - gw + cstep * U - 1) / (cstep * U) : 1;
@@ -1357,7 +1366,7 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tpb = G4C_WARPS / S, team = warp / S, j = warp % S;
-    const int tg = blk * tpb + team, nteams = nblk * tpb;
+    const int tg = team_first(p, blk, nblk, tpb, team), nteams = nblk * tpb;
     const bool lead = j == 0, pf_self = p.pf_self != 0;
     if constexpr (MTT == 1 && U8 != 2 && (T == G4C_Q4 || T == G4C_Q8)) {
         /* p.mm_pipe: every such tile of the session, never some (session.cu: on by default, with
@@ -3764,7 +3773,7 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
  * register holds a load in flight. Per chunk the
  * arithmetic is dot2's (chunk_dot), in the same order; items, team sums, the epilogue and the
  * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode. */
-template <int T, int R>
+template <int T, int R, int MTT = 1>
 DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     typedef ring_of<T> RC;
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -3772,17 +3781,19 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     /* R slots a ring (a constant: cp.async's wait and commit stay unconditional): the type's, or
      * fewer beside an input tile too wide for them (session.cu; mm_ring_slots) */
     static_assert(R >= 4 && R <= RC::R, "ring slots");
+    static_assert(MTT == 1 || (MTT <= 4 && !Q), "verify rings: dense rows, up to four tokens");
     /* the warps' rings R slots apart: a constant (spaced by a run-time value, every ring of this
      * kernel faulted with an illegal instruction on an H100 - session 36's bisection - whichever
      * slot count ran) */
     constexpr size_t rstride = (size_t)R * RC::SLOT;
     const tail_t tl = tail_of(sm, p);
-    const int M = p.M, m_begin = op->lm ? p.lm_from : 0;
+    const int M = p.M, m_begin = op->lm ? p.lm_from : 0, mt = MTT == 1 ? 1 : M - m_begin;
     const mm_shape sh = mm_shape_of(op, p);
     const int total = m_begin < M ? sh.total : 0, S = op->split;
     const int K = op->part[0].w.cols, ldk = G4C_TILE_LD(K), nch = K / E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tpb = G4C_WARPS / S;
-    const int tg = blockIdx.x * tpb + warp / S, nteams = gridDim.x * tpb, step = 32 * S, cf = 32 * (warp % S) + lane;
+    const int tg = team_first(p, blockIdx.x, gridDim.x, tpb, warp / S), nteams = gridDim.x * tpb, step = 32 * S,
+              cf = 32 * (warp % S) + lane;
     const unsigned long long pol = l2_policy(p.evict_first);
     char *ring = (char *)(sm + p.smem_in_floats) + G4C_TAIL + (size_t)warp * rstride;
     ring_cur rc;
@@ -3796,7 +3807,11 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
          * kernel's 128 registers (ptxas -v: 384 bytes for bf16 rows, 780 for 4-bit ones), but
          * building it through shared memory instead (load_rows, no spills) measured slower on an
          * H100: E2B bf16 351.1 -> 343.2 tok/s against mode 2, E4B 201.4 -> 194.2 (README) */
-        if (!load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0, Q ? T : 0) && Q) qi_tile<T>(sm, ldk, K, 1);
+        if constexpr (MTT == 1) {
+            if (!load_input(&op->in, K, m_begin, 1, 0, sm, tl.red, p, blockIdx.x == 0, Q ? T : 0) && Q) qi_tile<T>(sm, ldk, K, 1);
+        } else { /* a verify block's rows as op_matmul builds them (load_rows where they fit: the same bits) */
+            mm_input<G4C_KM_DENSE>(op, p, 0, sm, m_begin, mt, blockIdx.x == 0, 0);
+        }
         if (p.strace) st_mark(p, op, 2, global_ns());
         int parity = 0, slot = 0;
         float bv[G4C_MT];
@@ -3810,7 +3825,8 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
             const g4c_part *P0 = &op->part[pi];
             const g4c_mat &wm = P0->w;
             const bool sgn = Q && (wm.flags & G4C_QF_SIGNED), bias = Q && (wm.flags & G4C_QF_BIAS);
-            float a0[1] = {0.0f}, a1[1] = {0.0f}, p0[1][G4C_BACC] = {}, p1[1][G4C_BACC] = {};
+            float a0[MTT], a1[MTT], p0[MTT][G4C_BACC], p1[MTT][G4C_BACC];
+            dot_zero<MTT>(p0, p1, a0, a1);
             /* two chunks per wait (the oldest two of the R groups in flight are complete after
              * wait_group R - 2): their shared-memory reads overlap and their code products are
              * independent work for the scheduler; the arithmetic is chunk by chunk, in order */
@@ -3843,10 +3859,10 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
                 for (int h = 0; h < 2; h++) {
                     if (h && !two) break;
                     if constexpr (Q)
-                        chunk_dot_qi<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm, c + h * step, ldk, 1, sgn, bias || !sgn, a0, a1);
+                        chunk_dot_qi<T, MTT>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm, c + h * step, ldk, mt, sgn, bias || !sgn, a0, a1);
                     else
-                        chunk_dot<T, 1>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm + px((c + h * step) * E), ldk, 1, sgn, bias, p0,
-                                        p1, a0, a1);
+                        chunk_dot<T, MTT>(wa[h], wb[h], sc0[h], sc1[h], bz0[h], bz1[h], sm + px((c + h * step) * E), ldk, mt, sgn, bias,
+                                          p0, p1, a0, a1);
                 }
                 /* the slots are free once their values have been used: the lane's next chunks, R ahead */
 #pragma unroll
@@ -3856,32 +3872,34 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
                     slot = slot + 1 == R ? 0 : slot + 1;
                 }
             }
-            if (!Q) {
-                a0[0] = qsum<G4C_BACC>(p0[0]);
-                a1[0] = qsum<G4C_BACC>(p1[0]);
-            }
             float acc[2][G4C_MT];
-            acc[0][0] = warp_sum_f(a0[0]);
-            acc[1][0] = warp_sum_f(a1[0]);
-            mm_item_out<1>(op, P0, tl, 0, m_begin, 1, r0, has1, sh.pair, S, parity, acc, bv, bi);
+            dot_finish<T, MTT>(p0, p1, a0, a1, acc);
+            mm_item_out<MTT>(op, P0, tl, 0, m_begin, mt, r0, has1, sh.pair, S, parity, acc, bv, bi);
         }
-        if (amax) block_argmax_store(p, tl, bv, bi, m_begin, 1);
+        if (amax) block_argmax_store(p, tl, bv, bi, m_begin, mt);
         __syncthreads();
     }
     if (amax) finish_argmax(p, m_begin, M, amax, 0, 0, tl.flag);
 }
 
-/* mm_ring at the stage's slot count (p.ring_slots; 0: the type's) */
-template <int T> DEVT void mm_ring_slots(const g4c_op *op, const g4c_params &p, float *sm) {
+/* mm_ring at the stage's slot count (p.ring_slots; 0: the type's). Verify blocks (MTT 4: 2..4 tokens,
+ * dense rows) take 8, 6 or 4 slots, p.ring_slots rounded down (session.cu sizes them so) */
+template <int T, int MTT = 1> DEVT void mm_ring_slots(const g4c_op *op, const g4c_params &p, float *sm) {
     constexpr int RM = ring_of<T>::R;
     const int r = p.ring_slots > 0 && p.ring_slots < RM ? p.ring_slots : RM;
-    if constexpr (RM > 5) {
-        if (r == 7) return mm_ring<T, 7>(op, p, sm);
-        if (r == 6) return mm_ring<T, 6>(op, p, sm);
-        if (r == 5) return mm_ring<T, 5>(op, p, sm);
+    if constexpr (MTT > 1) {
+        if (r == RM) return mm_ring<T, RM, MTT>(op, p, sm);
+        if (r >= 6) return mm_ring<T, 6, MTT>(op, p, sm);
+        return mm_ring<T, 4, MTT>(op, p, sm);
+    } else {
+        if constexpr (RM > 5) {
+            if (r == 7) return mm_ring<T, 7>(op, p, sm);
+            if (r == 6) return mm_ring<T, 6>(op, p, sm);
+            if (r == 5) return mm_ring<T, 5>(op, p, sm);
+        }
+        if (r == 4) return mm_ring<T, 4>(op, p, sm);
+        mm_ring<T, RM>(op, p, sm);
     }
-    if (r == 4) return mm_ring<T, 4>(op, p, sm);
-    mm_ring<T, RM>(op, p, sm);
 }
 
 /* ---- the staged decode: one kernel per stage, chained by programmatic dependent launch ---------- */
@@ -3926,6 +3944,14 @@ DEVT void mm_stage_early_v(const g4c_op *op, const g4c_params &p, float *sm) {
 /* one stage's work in its staged kernel (below), from the shared-memory copy op of its description */
 template <unsigned TM, int MM>
 __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p, float *sm) {
+    if constexpr (MM == 3 && (TM & G4C_KM_M1) == 0) { /* verify blocks' rings: bf16 rows (session.cu sends no other) */
+        if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && op->part[0].w.type == G4C_BF16) {
+            if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16, 4>(op, p, sm);
+            return;
+        }
+        stage_wait(p, op);
+        return;
+    }
     if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
         if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
             switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
@@ -3993,7 +4019,7 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
             const mm_shape sh = mm_shape_of(op, p);
             const int tpb = G4C_WARPS / S, nteams = gridDim.x * tpb;
 #pragma unroll 1
-            for (int k = 0, it = blockIdx.x * tpb + warp / S; k < p.stage_pf && it < sh.total; k++, it += nteams)
+            for (int k = 0, it = team_first(p, blockIdx.x, gridDim.x, tpb, warp / S); k < p.stage_pf && it < sh.total; k++, it += nteams)
                 mm_prefetch_item(op, sh, it);
         }
     }
@@ -4031,7 +4057,7 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
  * kernel has finished and its writes are visible. Waiting is transitive (no kernel completes before
  * its own wait returns), so the stream's order of writes holds across the whole chain. */
 template <unsigned TM, int MM>
-__global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM >= 3 ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
+__global__ void __launch_bounds__(G4C_THREADS, MM == 1 || MM == 4 || (MM == 3 && (TM & G4C_KM_M1) != 0) ? 2 : 1) g4c_stage_kernel(const __grid_constant__ g4c_params p, int s) {
     extern __shared__ __align__(16) float sm[];
     static_assert((TM & (G4C_KM_WIDE | G4C_KM_MMA | G4C_KM_IQ)) == 0, "a staged kernel runs the narrow kernels' stages");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -327,6 +327,11 @@ typedef struct g4c_params {
                              (token, query head) where its chunks fit one (forward.cuh op_attn) */
     int ring_slots;       /* the staged ring kernel (mm_ring): slots per warp where fewer than its type's
                              (G4C_RING_R_*) fit beside a wide input tile; 0: the type's; rings lie R slots apart */
+    int team_spread;      /* 1: a matmul stage's row teams are numbered warp-major (team t of block b is
+                             t·blocks + b), so that a stage with fewer items than teams, or a last
+                             partial round, spreads over every block instead of filling the first blocks
+                             (forward.cuh team_first; G4_CUDA_TEAM_SPREAD); 0: block-major. Items are
+                             whole rows either way: the same outputs bit for bit */
     int amark;            /* the staged trace (strace): the point of an attention item's chain marked as
                              its point 2 (forward.cuh op_attn: 1 rows and query staged, 2 softmax, 3 V
                              sums, 4 chunk counter, 5 combine; 0: none) */

@@ -173,6 +173,10 @@ struct g4_cuda {
                                             rings take rings of fewer slots (G4_CUDA_RING_LONG=0: mode 2's kernel) */
     int ring_slots;                      /* > 0: every ring stage that way, at most this many slots (G4_CUDA_RING_SLOTS=4..8:
                                             for testing that path on models whose tiles all fit) */
+    int ring_v;                          /* mode 4: verify blocks of 2..4 tokens stream bf16 rows through rings too
+                                            (forward.cuh mm_ring at four tokens; G4_CUDA_RING_V=0: mode 2's kernel) */
+    int team_spread;                     /* one-token ring stages number their row teams warp-major
+                                            (g4c_params.team_spread; G4_CUDA_TEAM_SPREAD=0: off) */
     unsigned ops_gen;                    /* stage lists uploaded so far (push_ops): invalidates cached graphs */
     struct staged_slot {                 /* the staged decode's graphs (blocks of 1..G4C_WIDE_M-1 tokens), by their params */
         g4c_params p;
@@ -1206,6 +1210,8 @@ extern "C" g4_status g4_cuda_create(const g4_model *m, int n_ctx, int max_batch,
         c->ring_long = env_on("G4_CUDA_RING_LONG");
         const char *rs = getenv("G4_CUDA_RING_SLOTS");
         c->ring_slots = rs && atoi(rs) >= 4 && atoi(rs) <= G4C_RING_R_D ? atoi(rs) : 0;
+        c->ring_v = env_on("G4_CUDA_RING_V");
+        c->team_spread = env_on("G4_CUDA_TEAM_SPREAD");
         /* one-token quantised tiles with their loads a group ahead (forward.cuh mm_tile_pipe), in
          * the staged decode with the first group issued before the wait for the stage before
          * (mm_stage_early): G4_CUDA_PIPE=2, the default. Measured on an H100 (same upload, default
@@ -1377,6 +1383,7 @@ static g4c_params base_params(const g4_cuda *c) {
     p.fp_cnt = c->fp_cnt;
     p.qn = c->qn;
     p.mm_pipe = c->mm_pipe;
+    p.team_spread = 0; /* staged_graph: per stage */
     return p;
 }
 
@@ -1417,6 +1424,14 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
     CK(g4c_stage_blocks(inst, mmk, mm_smem, &nb_mm), "sizing the staged decode");
     CK(g4c_stage_blocks(inst, 0, c->smem, &nb_other), "sizing the staged decode");
     if (ring) CK(g4c_stage_blocks(inst, 2, c->smem, &nb_full), "sizing the staged decode");
+    /* verify blocks of 2..4 tokens in mode 4: their bf16 matmul stages through rings too, a whole SM
+     * each (255 registers: at the one-token kernel's 128 the four tokens' accumulators spilled, ptxas
+     * -v 6,952 bytes of spill loads, and k = 3 cost 2.63x a step against 2.24x without rings; E4B bf16,
+     * H100), with as many slots (4, 6 or 8) as the rows' input tile (load_rows' room) leaves */
+    const bool vring = p0.M > 1 && p0.M <= 4 && c->staged == 4 && c->ring_v;
+    int nb_vring = 0;
+    if (vring) CK(g4c_stage_blocks(inst, 3, c->smem, &nb_vring), "sizing the staged decode");
+    if (vring && nb_vring < 1) return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: the verify ring kernel does not fit an SM");
     if (nb_mm < 1 || nb_other < 1 || nb_full < 1 || nb_mm > 2)
         return g4_fail(err, G4_ERR_UNSUPPORTED, "CUDA staged decode: kernels do not fit an SM");
     /* attention stages on the half-SM kernel (kernel 4): shared memory for op_attn's item (the query,
@@ -1469,24 +1484,41 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
                 if (c->ring_slots && slots > c->ring_slots) slots = c->ring_slots;
             }
         }
+        size_t v_smem = 0; /* > 0: a verify ring stage, its kernel's shared memory */
+        if (vring && mmo && o.part[0].w.type == G4C_BF16) {
+            const int mt = p0.M - (o.lm ? p0.lm_from : 0);
+            const size_t f = ((size_t)mt * G4C_TILE_LD(K) + (o.in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0) + 3) & ~(size_t)3;
+            const size_t used = f * sizeof(float) + G4C_TAIL, per_slot = (size_t)G4C_WARPS * G4C_RING_SLOT_D;
+            const size_t r = used < (size_t)c->smem ? ((size_t)c->smem - used) / per_slot : 0;
+            if (r >= 4) {
+                v_smem = (size_t)c->smem;
+                in_f = (int)f;
+                slots = r >= G4C_RING_R_D ? G4C_RING_R_D : r >= 6 ? 6 : 4; /* mm_ring_slots' counts at four tokens */
+            }
+        }
         const bool full = mmo && ring && !mm && G4C_TILE_LD(K) <= full_in;
         /* attention: the earlier K/V rows before the wait (every staged mode), on the half-SM kernel
          * where its items fit (heads up to attn_d wide: E2B's and E4B's 256-wide sliding layers) */
         const bool at = o.kind == G4C_OP_ATTN && c->attn_early, ah = at && nb_attn > 0 && o.d <= attn_d;
         p.attn_pre = at ? 1 : 0;
-        p.smem_in_floats = mm ? in_f : full ? full_in : ah ? attn_in : c->smem_in;
+        p.smem_in_floats = mm || v_smem ? in_f : full ? full_in : ah ? attn_in : c->smem_in;
         p.ring_slots = slots;
         p.stage_pf = c->stage_pf;
         /* one-token attention: one block per SM, so that every block starts beside the stage before
          * and the next stage's ring blocks can start beside it; verify blocks' more items: two */
-        const int per_sm = mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : ah ? (p0.M == 1 ? 1 : nb_attn) : nb_other;
-        const int kern = mm ? mmk : full ? 2 : ah ? 4 : 0;
+        const int per_sm = v_smem ? 1 : mm ? (c->staged >= 3 ? 1 : nb_mm) : full ? nb_full : ah ? (p0.M == 1 ? 1 : nb_attn) : nb_other;
+        const int kern = v_smem ? 3 : mm ? mmk : full ? 2 : ah ? 4 : 0;
+        /* row teams warp-major on the one-token ring stages (half an SM: the next stage's blocks start
+         * beside them either way), block-major elsewhere: on whole-SM stages a block left without
+         * items ends at once and gives the next stage's block its SM early. H100, same upload:
+         * everywhere, E4B bf16 220.6 -> 224.3 tok/s, E2B bf16 393.8 -> 397.5, E2B qat-int4 416.7 -> 387.8 */
+        p.team_spread = c->team_spread && kern == 3 && p0.M == 1;
         const int cgrid = ah ? attn_grid : at && kern == 0 ? attn_grid0 : 0;
         p.attn_cl = cgrid ? c->attn_cl : 0;
         const int grid = cgrid ? cgrid : sms * per_sm;
         if (grids) grids[s] = grid;
         if (kerns) kerns[s] = kern;
-        e = g4c_stage_launch(inst, kern, &p, s, grid, mm ? mm_smem : ah ? attn_smem : c->smem, s > 0, c->stream);
+        e = g4c_stage_launch(inst, kern, &p, s, grid, v_smem ? v_smem : mm ? mm_smem : ah ? attn_smem : c->smem, s > 0, c->stream);
     }
     cudaError_t e2 = cudaStreamEndCapture(c->stream, &g);
     if (!e) e = e2;

@@ -15,11 +15,8 @@ template <unsigned TM> const void *g4c_stage_fn_mm1() {
     if constexpr ((TM & G4C_KM_M1) != 0) return g4c_stage_fn<TM, 1>();
     else return g4c_stage_fn<TM, 2>();
 }
-/* the ring kernel (mm_ring) likewise: one token only */
-template <unsigned TM> const void *g4c_stage_fn_ring() {
-    if constexpr ((TM & G4C_KM_M1) != 0) return g4c_stage_fn<TM, 3>();
-    else return g4c_stage_fn<TM, 2>();
-}
+/* the ring kernel (mm_ring): one token, or a verify block's 2..4 tokens of bf16 rows */
+template <unsigned TM> const void *g4c_stage_fn_ring() { return g4c_stage_fn<TM, 3>(); }
 /* per instantiation: [0] every stage kind but matmuls (one block per SM: attention's 512-wide heads
  * need the registers and the shared memory), [1] matmul stages, two blocks per SM, [2] matmul
  * stages, one block per SM, [3] one-token matmul stages through weight rings in shared memory,
