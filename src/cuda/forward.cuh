@@ -774,9 +774,7 @@ DEV double red_get(int m, const double *red) {
  * (load_rows_floats). red: two [WARPS][G4C_MT] double scratch arrays, then fs: 2·G4C_MT floats.
  * qt (a type in QM, the stage's 4- or 8-bit rows): normed rows are built in integer form by the
  * norm's last pass (qi_tile with that multiply; returns true); other rows are left as floats. */
-DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) {
-    return (size_t)mt * G4C_TILE_LD(K) + (in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0);
-}
+DEV size_t load_rows_floats(const g4c_in &in, int K, int mt) { return g4c_rows_floats(in.kind == G4C_IN_NORM, K, mt); }
 template <unsigned QM>
 DEVN bool load_rows(const g4c_in &in, int K, int t0, int mt, int step, float *sm, double *red, const g4c_params &p,
                     bool writer, int qt) {
@@ -3772,7 +3770,9 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
  * the previous stage still runs (its kernel holds half an SM, this one the other half), and no
  * register holds a load in flight. Per chunk the
  * arithmetic is dot2's (chunk_dot), in the same order; items, team sums, the epilogue and the
- * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode. */
+ * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode.
+ * MTT 4: a verify block's 2..4 tokens of dense rows (mm_input's tile; the kernel then takes a whole
+ * SM, session.cu), each token's operations those of a one-token step. */
 template <int T, int R, int MTT = 1>
 DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     typedef ring_of<T> RC;
@@ -4048,7 +4048,8 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
  * compiled), as a launch of its own (MM 0: any stage but matmuls, one block per SM; MM 1: matmul
  * stages of one token, two blocks per SM (128 registers, fewer loads ahead: G4C_KM_LEAN); MM 2:
  * matmul stages, one block per SM; MM 3: one-token matmul stages through shared-memory weight
- * rings (mm_ring), half an SM each, one block per SM): the same stage
+ * rings (mm_ring), half an SM each, one block per SM; without G4C_KM_M1, a verify block's bf16
+ * matmul stages through rings at four tokens, a whole SM and 255 registers): the same stage
  * code as the persistent kernel, so the same values bit for bit; what replaces the grid barrier is
  * the launch boundary. Each kernel first lets the next one start launching (its blocks become
  * resident wherever this one's leave room), copies its stage description into shared memory and,

@@ -17,6 +17,7 @@
  * Plain C structs so the host builder (session.cu) and the kernels (forward.cu) share them. */
 #ifndef G4_CUDA_PROGRAM_H
 #define G4_CUDA_PROGRAM_H
+#include <stddef.h>
 #include <stdint.h>
 
 /* 256 threads: each thread may hold 255 registers, so the stage code (inlined into the kernel, see
@@ -116,6 +117,15 @@ typedef struct g4c_mat {
  * i + 4·(i / 32)), so a warp's float4 reads of its lanes' chunks hit distinct banks for every
  * chunk width; a tile row of K elements takes G4C_TILE_LD(K) floats. */
 #define G4C_TILE_LD(K) ((K) + (((K) + 31) >> 5) * 4)
+/* Shared-memory floats of a tile of mt input rows of K as forward.cuh load_rows builds it: the
+ * rows and, for normed inputs (norm), the residual rows and both norm weights beside them. The
+ * kernels and session.cu's sizing of the verify rings both read it. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+static inline size_t g4c_rows_floats(int norm, int K, int mt) {
+    return (size_t)mt * G4C_TILE_LD(K) + (norm ? (size_t)mt * K + 2 * (size_t)K : 0);
+}
 
 /* op kinds */
 enum {

@@ -1487,7 +1487,7 @@ static g4_status staged_graph(g4_cuda *c, const g4c_params &p0, cudaGraphExec_t 
         size_t v_smem = 0; /* > 0: a verify ring stage, its kernel's shared memory */
         if (vring && mmo && o.part[0].w.type == G4C_BF16) {
             const int mt = p0.M - (o.lm ? p0.lm_from : 0);
-            const size_t f = ((size_t)mt * G4C_TILE_LD(K) + (o.in.kind == G4C_IN_NORM ? (size_t)mt * K + 2 * (size_t)K : 0) + 3) & ~(size_t)3;
+            const size_t f = (g4c_rows_floats(o.in.kind == G4C_IN_NORM, K, mt) + 3) & ~(size_t)3; /* load_rows' room */
             const size_t used = f * sizeof(float) + G4C_TAIL, per_slot = (size_t)G4C_WARPS * G4C_RING_SLOT_D;
             const size_t r = used < (size_t)c->smem ? ((size_t)c->smem - used) / per_slot : 0;
             if (r >= 4) {

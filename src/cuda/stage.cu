@@ -19,7 +19,8 @@ template <unsigned TM> const void *g4c_stage_fn_mm1() {
 template <unsigned TM> const void *g4c_stage_fn_ring() { return g4c_stage_fn<TM, 3>(); }
 /* per instantiation: [0] every stage kind but matmuls (one block per SM: attention's 512-wide heads
  * need the registers and the shared memory), [1] matmul stages, two blocks per SM, [2] matmul
- * stages, one block per SM, [3] one-token matmul stages through weight rings in shared memory,
+ * stages, one block per SM, [3] matmul stages through weight rings in shared memory
+ * (one-token ones half an SM; verify blocks' bf16 ones a whole SM),
  * [4] attention stages whose items fit half an SM (128 registers) */
 #define G4C_STAGE_ROW(i) \
     {g4c_stage_fn<g4c_stage_masks[i], 0>(), g4c_stage_fn_mm1<g4c_stage_masks[i]>(), g4c_stage_fn<g4c_stage_masks[i], 2>(), \
