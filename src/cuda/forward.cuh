@@ -1078,11 +1078,20 @@ DEV void block_argmax_combine(const g4c_params &p, const tail_t &tl, int t0, int
 /* warps' (value, index) for tokens m < mt of a tile (lane 0's bv/bi) -> this block's partials */
 DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0)
-        for (int m = 0; m < G4C_MT; m++) {
-            tl.bv[warp * G4C_MT + m] = bv[m];
-            tl.bi[warp * G4C_MT + m] = bi[m];
+    for (int m = 0; m < G4C_MT; m++) { /* lane 1's candidates (mm_item_out) against lane 0's; every lane */
+        float v = bv[m];
+        int i = bi[m];
+        const float ov = __shfl_down_sync(0xffffffffu, v, 1);
+        const int oi = __shfl_down_sync(0xffffffffu, i, 1);
+        if (better(ov, oi, v, i)) {
+            v = ov;
+            i = oi;
         }
+        if (lane == 0) {
+            tl.bv[warp * G4C_MT + m] = v;
+            tl.bi[warp * G4C_MT + m] = i;
+        }
+    }
     block_argmax_combine(p, tl, t0, mt);
 }
 
@@ -1234,23 +1243,28 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
                     for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
                     acc[rr][m] = v;
                 }
+#pragma unroll
+        for (int m = 0; m < MTT; m++) { /* lane 1 too (below) */
+            acc[0][m] = __shfl_sync(0xffffffffu, acc[0][m], 0);
+            acc[1][m] = __shfl_sync(0xffffffffu, acc[1][m], 0);
+        }
     }
-    if (lead && lane == 0) {
+    /* the epilogue: lane rr of the lead warp stores row r0 + rr and tracks its argmax candidates
+     * (block_argmax_store takes the better of lanes 0 and 1: the order on (value, row) is total,
+     * so which lane saw a row does not matter); a gate/up pair's one output: lane 0 */
+    if (lead && lane < 2) {
         float *y = P0->y + (size_t)step * P0->y_step;
-        const int ldy = P0->ldy, track = P0->argmax;
+        const int ldy = P0->ldy, track = P0->argmax, rr = lane;
 #pragma unroll
         for (int m = 0; m < MTT; m++) {
             const size_t tm = (size_t)(t0 + m);
-            if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                if (m < mt && !pair && (rr == 0 || has1)) {
-                    const int r = r0 + rr;
-                    const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
-                    if (track && better(v, r, bv[m], bi[m])) {
-                        bv[m] = v;
-                        bi[m] = r;
-                    }
+            if (m < mt && pair && rr == 0) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+            if (m < mt && !pair && (rr == 0 || has1)) {
+                const int r = r0 + rr;
+                const float v = mm_store(op, P0, step, tm, r, rr ? acc[1][m] : acc[0][m]);
+                if (track && better(v, r, bv[m], bi[m])) {
+                    bv[m] = v;
+                    bi[m] = r;
                 }
             }
         }
