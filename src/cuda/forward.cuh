@@ -1093,20 +1093,28 @@ DEV void block_argmax_combine(const g4c_params &p, const tail_t &tl, int t0, int
     }
 }
 /* warps' (value, index) for tokens m < mt of a tile (lane 0's bv/bi) -> this block's partials */
+template <bool TWO = false>
 DEV void block_argmax_store(const g4c_params &p, const tail_t &tl, const float *bv, const int *bi, int t0, int mt) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int m = 0; m < G4C_MT; m++) { /* lane 1's candidates (mm_item_out) against lane 0's; every lane */
-        float v = bv[m];
-        int i = bi[m];
-        const float ov = __shfl_down_sync(0xffffffffu, v, 1);
-        const int oi = __shfl_down_sync(0xffffffffu, i, 1);
-        if (better(ov, oi, v, i)) {
-            v = ov;
-            i = oi;
+    if constexpr (TWO) {
+        for (int m = 0; m < G4C_MT; m++) { /* lane 1's candidates (mm_item_out<MTT, true>) against lane 0's; every lane */
+            float v = bv[m];
+            int i = bi[m];
+            const float ov = __shfl_down_sync(0xffffffffu, v, 1);
+            const int oi = __shfl_down_sync(0xffffffffu, i, 1);
+            if (better(ov, oi, v, i)) {
+                v = ov;
+                i = oi;
+            }
+            if (lane == 0) {
+                tl.bv[warp * G4C_MT + m] = v;
+                tl.bi[warp * G4C_MT + m] = i;
+            }
         }
-        if (lane == 0) {
-            tl.bv[warp * G4C_MT + m] = v;
-            tl.bi[warp * G4C_MT + m] = i;
+    } else if (lane == 0) {
+        for (int m = 0; m < G4C_MT; m++) {
+            tl.bv[warp * G4C_MT + m] = bv[m];
+            tl.bi[warp * G4C_MT + m] = bi[m];
         }
     }
     block_argmax_combine(p, tl, t0, mt);
@@ -1236,7 +1244,7 @@ DEV void amax_reset(float (&bv)[G4C_MT], int (&bi)[G4C_MT]) {
 /* One item's outputs (rows r0, r0 + 1 of part P0, or a gate/up pair's row r0) from the warps'
  * sums acc: a team of S > 1 warps adds its warp sums in warp order (team-partials buffer parity,
  * toggled), then the team's lead lane runs the epilogue and tracks the argmax candidates. */
-template <int MTT>
+template <int MTT, bool TWO = false>
 DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int step, int t0, int mt, int r0, int has1,
                      int pair, int S, int &parity, float (&acc)[2][G4C_MT], float (&bv)[G4C_MT], int (&bi)[G4C_MT]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, team = warp / S;
@@ -1260,28 +1268,38 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
                     for (int q = 1; q < S; q++) v = v + tp[((warp + q) * 2 + rr) * G4C_MT + m];
                     acc[rr][m] = v;
                 }
+        if constexpr (TWO)
 #pragma unroll
-        for (int m = 0; m < MTT; m++) { /* lane 1 too (below) */
-            acc[0][m] = __shfl_sync(0xffffffffu, acc[0][m], 0);
-            acc[1][m] = __shfl_sync(0xffffffffu, acc[1][m], 0);
-        }
+            for (int m = 0; m < MTT; m++) { /* lane 1 too (below) */
+                acc[0][m] = __shfl_sync(0xffffffffu, acc[0][m], 0);
+                acc[1][m] = __shfl_sync(0xffffffffu, acc[1][m], 0);
+            }
     }
-    /* the epilogue: lane rr of the lead warp stores row r0 + rr and tracks its argmax candidates
-     * (block_argmax_store takes the better of lanes 0 and 1: the order on (value, row) is total,
-     * so which lane saw a row does not matter); a gate/up pair's one output: lane 0 */
-    if (lead && lane < 2) {
+    /* The epilogue. TWO (mm_tile_pipe's 4/8-bit tiles, whose per-item instruction count is the
+     * 4-bit LM head's limit - ncu, E2B qat-int4: ~640 warp instructions an item, two rows' softcap
+     * on one lane ~110 of them - and the verify blocks' rings): lane rr of the lead warp stores
+     * row r0 + rr and tracks its argmax candidates, and block_argmax_store<true> takes the better
+     * of lanes 0 and 1 (the order on (value, row) is total, so which lane saw a row does not
+     * matter); a gate/up pair's one output: lane 0. Otherwise lane 0 both rows: with two lanes the
+     * one-token ring kernel's spill loads grew 1,308 -> 2,360 bytes (ptxas -v) and E4B bf16 decode
+     * lost 3.5% (H100). */
+    if (lead && (TWO ? lane < 2 : lane == 0)) {
         float *y = P0->y + (size_t)step * P0->y_step;
-        const int ldy = P0->ldy, track = P0->argmax, rr = lane;
+        const int ldy = P0->ldy, track = P0->argmax;
 #pragma unroll
         for (int m = 0; m < MTT; m++) {
             const size_t tm = (size_t)(t0 + m);
-            if (m < mt && pair && rr == 0) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
-            if (m < mt && !pair && (rr == 0 || has1)) {
-                const int r = r0 + rr;
-                const float v = mm_store(op, P0, step, tm, r, rr ? acc[1][m] : acc[0][m]);
-                if (track && better(v, r, bv[m], bi[m])) {
-                    bv[m] = v;
-                    bi[m] = r;
+            if (m < mt && pair && (!TWO || lane == 0)) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                if (TWO && rr != lane) continue;
+                if (m < mt && !pair && (rr == 0 || has1)) {
+                    const int r = r0 + rr;
+                    const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
+                    if (track && better(v, r, bv[m], bi[m])) {
+                        bv[m] = v;
+                        bi[m] = r;
+                    }
                 }
             }
         }
@@ -1368,7 +1386,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         if (g + 1 == ng) {
             float acc[2][G4C_MT];
             dot_finish<T, MTT>(p0, p1, a0, a1, acc);
-            mm_item_out<MTT>(op, &op->part[pi], tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
+            mm_item_out<MTT, true>(op, &op->part[pi], tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
             dot_zero<MTT>(p0, p1, a0, a1);
         }
         ga = gb;
@@ -1380,7 +1398,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
         w0 = nw0;
         w1 = nw1;
     }
-    if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+    if (amax) block_argmax_store<true>(p, tl, bv, bi, t0, mt);
 }
 
 /* One input tile of a matmul stage: every row team's items, the team sums, the epilogue and this
@@ -3906,9 +3924,9 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
             }
             float acc[2][G4C_MT];
             dot_finish<T, MTT>(p0, p1, a0, a1, acc);
-            mm_item_out<MTT>(op, P0, tl, 0, m_begin, mt, r0, has1, sh.pair, S, parity, acc, bv, bi);
+            mm_item_out<MTT, (MTT > 1)>(op, P0, tl, 0, m_begin, mt, r0, has1, sh.pair, S, parity, acc, bv, bi);
         }
-        if (amax) block_argmax_store(p, tl, bv, bi, m_begin, mt);
+        if (amax) block_argmax_store<(MTT > 1)>(p, tl, bv, bi, m_begin, mt);
         __syncthreads();
     }
     if (amax) finish_argmax(p, m_begin, M, amax, 0, 0, tl.flag);
