@@ -1275,24 +1275,43 @@ DEV void mm_item_out(const g4c_op *op, const g4c_part *P0, const tail_t &tl, int
                 acc[1][m] = __shfl_sync(0xffffffffu, acc[1][m], 0);
             }
     }
-    /* The epilogue. TWO (mm_tile_pipe's 4/8-bit tiles, whose per-item instruction count is the
-     * 4-bit LM head's limit - ncu, E2B qat-int4: ~640 warp instructions an item, two rows' softcap
-     * on one lane ~110 of them - and the verify blocks' rings): lane rr of the lead warp stores
-     * row r0 + rr and tracks its argmax candidates, and block_argmax_store<true> takes the better
-     * of lanes 0 and 1 (the order on (value, row) is total, so which lane saw a row does not
-     * matter); a gate/up pair's one output: lane 0. Otherwise lane 0 both rows: with two lanes the
-     * one-token ring kernel's spill loads grew 1,308 -> 2,360 bytes (ptxas -v) and E4B bf16 decode
-     * lost 3.5% (H100). */
-    if (lead && (TWO ? lane < 2 : lane == 0)) {
+    /* The epilogue. TWO (every matmul of the kernels with 4- or 8-bit rows: mm_tile_pipe, mm_tile,
+     * mm_ring): lane rr of the lead warp stores row r0 + rr and tracks its argmax candidates, and
+     * block_argmax_store<true> takes the better of lanes 0 and 1 (the order on (value, row) is
+     * total, so which lane saw a row does not matter); a gate/up pair's one output: lane 0.
+     * Otherwise (the dense-only kernels) lane 0 both rows. ncu, E2B qat-int4's LM head: ~640 warp
+     * instructions a row pair, two rows' softcap on one lane ~110 of them. Measured on an H100
+     * (README, session 40): two lanes everywhere made the one-token ring kernel's spill loads grow
+     * 1,308 -> 2,360 bytes (ptxas -v) and E4B bf16 decode 3.5% slower; two lanes in mm_tile_pipe
+     * alone changed the 4-bit kernels' register allocation so that E2B qat-int4 gained nothing
+     * (414.1 against 427.6 tok/s with two lanes in all their matmuls). */
+    if constexpr (TWO) {
+        if (lead && lane < 2) {
+            float *y = P0->y + (size_t)step * P0->y_step;
+            const int ldy = P0->ldy, track = P0->argmax, rr = lane;
+#pragma unroll
+            for (int m = 0; m < MTT; m++) {
+                const size_t tm = (size_t)(t0 + m);
+                if (m < mt && pair && rr == 0) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+                if (m < mt && !pair && (rr == 0 || has1)) {
+                    const int r = r0 + rr;
+                    const float v = mm_store(op, P0, step, tm, r, rr ? acc[1][m] : acc[0][m]);
+                    if (track && better(v, r, bv[m], bi[m])) {
+                        bv[m] = v;
+                        bi[m] = r;
+                    }
+                }
+            }
+        }
+    } else if (lead && lane == 0) {
         float *y = P0->y + (size_t)step * P0->y_step;
         const int ldy = P0->ldy, track = P0->argmax;
 #pragma unroll
         for (int m = 0; m < MTT; m++) {
             const size_t tm = (size_t)(t0 + m);
-            if (m < mt && pair && (!TWO || lane == 0)) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
+            if (m < mt && pair) y[tm * ldy + r0] = gelu_tanh(acc[0][m]) * acc[1][m];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
-                if (TWO && rr != lane) continue;
                 if (m < mt && !pair && (rr == 0 || has1)) {
                     const int r = r0 + rr;
                     const float v = mm_store(op, P0, step, tm, r, acc[rr][m]);
@@ -1406,7 +1425,7 @@ DEVT void mm_tile_pipe(const g4c_op *op, const g4c_params &p, int step, float *s
  * its accumulators in registers; the token count only decides how many accumulators exist, each
  * sees the same operations. The row teams are those of blocks blk of nblk sharing this tile (every
  * block, or the tile's group in the wide kernels: op_matmul). */
-template <int T, int MTT, int U8>
+template <int T, int MTT, int U8, bool TWO = false>
 DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, int t0, int mt, int amax, int blk, int nblk) {
     const tail_t tl = tail_of(sm, p);
     const mm_shape sh = mm_shape_of(op, p);
@@ -1441,9 +1460,9 @@ DEVT void mm_tile(const g4c_op *op, const g4c_params &p, int step, float *sm, in
         const g4c_part *P0 = &op->part[pi];
         float acc[2][G4C_MT];
         dot2<T, MTT, U8, T == G4C_Q8 || T == G4C_Q4>(w0, w1, P0->w, K, sm, ldk, mt, j, S, acc, pol); /* qi_tile's tile */
-        mm_item_out<MTT>(op, P0, tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
+        mm_item_out<MTT, TWO>(op, P0, tl, step, t0, mt, r0, has1, pair, S, parity, acc, bv, bi);
     }
-    if (amax) block_argmax_store(p, tl, bv, bi, t0, mt);
+    if (amax) block_argmax_store<TWO>(p, tl, bv, bi, t0, mt);
 }
 
 /* the stage's tile in integer form where its rows are quantised (qi_tile) */
@@ -1485,12 +1504,13 @@ DEV void mm_tile_t(int type, const g4c_op *op, const g4c_params &p, int step, fl
      * E4B qat-int4 553 -> 650; verify k = 6 E2B bf16 3.20x -> 3.01x; but qat-int4 decode 281 -> 268
      * (E2B) and 192 -> 182 (E4B), so the quantised decode kernels keep 4. */
     constexpr int U8 = (TM & G4C_KM_LEAN) ? 2 : (TM & G4C_KM_WIDE) || !(TM & (G4C_KM_Q4 | G4C_KM_Q8)) ? 8 : 4;
+    constexpr bool KQ = (TM & (G4C_KM_Q4 | G4C_KM_Q8)) != 0; /* mm_item_out's two-lane epilogue */
     switch (type) { /* types outside the instantiation's mask have no code here (session.cu kernel_mask) */
-    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
-    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
-    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
-    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
-    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT, U8>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_tile<G4C_BF16, MTT, U8, KQ>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_tile<G4C_F16, MTT, U8, KQ>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_tile<G4C_Q8, MTT, U8, KQ>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_tile<G4C_Q4, MTT, U8, KQ>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
+    default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_tile<G4C_F32, MTT, U8, KQ>(op, p, step, sm, t0, mt, amax, blk, nblk); break;
     }
 }
 
@@ -3823,7 +3843,7 @@ DEV void ring_issue(const g4c_op *op, const mm_shape &sh, int total, ring_cur &r
  * argmax are mm_tile's and op_matmul's, so the outputs are bitwise those of every other mode.
  * MTT 4: a verify block's 2..4 tokens of dense rows (mm_input's tile; the kernel then takes a whole
  * SM, session.cu), each token's operations those of a one-token step. */
-template <int T, int R, int MTT = 1>
+template <int T, int R, int MTT = 1, bool TWO = false>
 DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
     typedef ring_of<T> RC;
     constexpr int E = G4C_CHUNK_ELEMS(T);
@@ -3924,9 +3944,9 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
             }
             float acc[2][G4C_MT];
             dot_finish<T, MTT>(p0, p1, a0, a1, acc);
-            mm_item_out<MTT, (MTT > 1)>(op, P0, tl, 0, m_begin, mt, r0, has1, sh.pair, S, parity, acc, bv, bi);
+            mm_item_out<MTT, TWO>(op, P0, tl, 0, m_begin, mt, r0, has1, sh.pair, S, parity, acc, bv, bi);
         }
-        if (amax) block_argmax_store<(MTT > 1)>(p, tl, bv, bi, m_begin, mt);
+        if (amax) block_argmax_store<TWO>(p, tl, bv, bi, m_begin, mt);
         __syncthreads();
     }
     if (amax) finish_argmax(p, m_begin, M, amax, 0, 0, tl.flag);
@@ -3934,21 +3954,21 @@ DEVT void mm_ring(const g4c_op *op, const g4c_params &p, float *sm) {
 
 /* mm_ring at the stage's slot count (p.ring_slots; 0: the type's). Verify blocks (MTT 4: 2..4 tokens,
  * dense rows) take 8, 6 or 4 slots, p.ring_slots rounded down (session.cu sizes them so) */
-template <int T, int MTT = 1> DEVT void mm_ring_slots(const g4c_op *op, const g4c_params &p, float *sm) {
+template <int T, int MTT = 1, bool TWO = false> DEVT void mm_ring_slots(const g4c_op *op, const g4c_params &p, float *sm) {
     constexpr int RM = ring_of<T>::R;
     const int r = p.ring_slots > 0 && p.ring_slots < RM ? p.ring_slots : RM;
     if constexpr (MTT > 1) {
-        if (r == RM) return mm_ring<T, RM, MTT>(op, p, sm);
-        if (r >= 6) return mm_ring<T, 6, MTT>(op, p, sm);
-        return mm_ring<T, 4, MTT>(op, p, sm);
+        if (r == RM) return mm_ring<T, RM, MTT, TWO>(op, p, sm);
+        if (r >= 6) return mm_ring<T, 6, MTT, TWO>(op, p, sm);
+        return mm_ring<T, 4, MTT, TWO>(op, p, sm);
     } else {
         if constexpr (RM > 5) {
-            if (r == 7) return mm_ring<T, 7>(op, p, sm);
-            if (r == 6) return mm_ring<T, 6>(op, p, sm);
-            if (r == 5) return mm_ring<T, 5>(op, p, sm);
+            if (r == 7) return mm_ring<T, 7, 1, TWO>(op, p, sm);
+            if (r == 6) return mm_ring<T, 6, 1, TWO>(op, p, sm);
+            if (r == 5) return mm_ring<T, 5, 1, TWO>(op, p, sm);
         }
-        if (r == 4) return mm_ring<T, 4>(op, p, sm);
-        mm_ring<T, RM>(op, p, sm);
+        if (r == 4) return mm_ring<T, 4, 1, TWO>(op, p, sm);
+        mm_ring<T, RM, 1, TWO>(op, p, sm);
     }
 }
 
@@ -3994,9 +4014,10 @@ DEVT void mm_stage_early_v(const g4c_op *op, const g4c_params &p, float *sm) {
 /* one stage's work in its staged kernel (below), from the shared-memory copy op of its description */
 template <unsigned TM, int MM>
 __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p, float *sm) {
+    constexpr bool KQ = (TM & (G4C_KM_Q4 | G4C_KM_Q8)) != 0; /* mm_item_out's two-lane epilogue */
     if constexpr (MM == 3 && (TM & G4C_KM_M1) == 0) { /* verify blocks' rings: bf16 rows (session.cu sends no other) */
         if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls) && op->part[0].w.type == G4C_BF16) {
-            if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16, 4>(op, p, sm);
+            if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16, 4, KQ>(op, p, sm);
             return;
         }
         stage_wait(p, op);
@@ -4005,11 +4026,11 @@ __device__ __forceinline__ void stage_run(const g4c_op *op, const g4c_params &p,
     if constexpr (MM == 3) { /* the ring kernel waits inside mm_ring, after its first copies */
         if (op->kind == G4C_OP_MATMUL && !(p.skip & op->cls)) {
             switch (op->part[0].w.type) { /* types outside the instantiation's mask never reach it */
-            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16>(op, p, sm); return;
-            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring_slots<G4C_F16>(op, p, sm); return;
-            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring_slots<G4C_Q8>(op, p, sm); return;
-            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring_slots<G4C_Q4>(op, p, sm); return;
-            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring_slots<G4C_F32>(op, p, sm); return;
+            case G4C_BF16: if constexpr ((TM & (1u << G4C_BF16)) != 0) mm_ring_slots<G4C_BF16, 1, KQ>(op, p, sm); return;
+            case G4C_F16: if constexpr ((TM & (1u << G4C_F16)) != 0) mm_ring_slots<G4C_F16, 1, KQ>(op, p, sm); return;
+            case G4C_Q8: if constexpr ((TM & (1u << G4C_Q8)) != 0) mm_ring_slots<G4C_Q8, 1, KQ>(op, p, sm); return;
+            case G4C_Q4: if constexpr ((TM & (1u << G4C_Q4)) != 0) mm_ring_slots<G4C_Q4, 1, KQ>(op, p, sm); return;
+            default: if constexpr ((TM & (1u << G4C_F32)) != 0) mm_ring_slots<G4C_F32, 1, KQ>(op, p, sm); return;
             }
         }
         stage_wait(p, op);
